@@ -1,0 +1,73 @@
+"""abstract-client: asyncio-native LLM client where Stop means stop, on every backend."""
+
+from __future__ import annotations
+
+import logging
+
+from .abort import AbortController, AbortSignal
+from .contract import GenerationStream
+from .errors import (
+    AbortError,
+    AbstractClientError,
+    ContextOverflowError,
+    GenerationCancelledError,
+    GenerationTimeoutError,
+    InvalidRequestError,
+    ModelBusyError,
+    ModelNotFoundError,
+    NotSupportedError,
+    ProviderAPIError,
+    ProviderError,
+    ProviderProtocolError,
+    RateLimitError,
+    ServerUnavailableError,
+    TransportError,
+)
+from .llm import LLM
+from .provider import CallContext, Completion, ModelInfo, Provider, UnloadReport
+from .registry import available_providers, create_llm, register_provider
+from .sync_stream import SyncGenerationStream
+from .types import GenerateResult, GenerationRequest, Message, StreamChunk, Timeout, Timings, Usage
+
+__version__ = "0.1.0"
+
+logging.getLogger(__name__).addHandler(logging.NullHandler())
+
+__all__ = [
+    "LLM",
+    "AbortController",
+    "AbortError",
+    "AbortSignal",
+    "AbstractClientError",
+    "CallContext",
+    "Completion",
+    "ContextOverflowError",
+    "GenerateResult",
+    "GenerationCancelledError",
+    "GenerationRequest",
+    "GenerationStream",
+    "GenerationTimeoutError",
+    "InvalidRequestError",
+    "Message",
+    "ModelBusyError",
+    "ModelInfo",
+    "ModelNotFoundError",
+    "NotSupportedError",
+    "Provider",
+    "ProviderAPIError",
+    "ProviderError",
+    "ProviderProtocolError",
+    "RateLimitError",
+    "ServerUnavailableError",
+    "StreamChunk",
+    "SyncGenerationStream",
+    "Timeout",
+    "Timings",
+    "TransportError",
+    "UnloadReport",
+    "Usage",
+    "__version__",
+    "available_providers",
+    "create_llm",
+    "register_provider",
+]

@@ -1,0 +1,87 @@
+"""The sync API's event loop: one daemon thread per process runs the same async contract.
+
+So there is one code path for sync and async: a sync call submits the coroutine here and blocks
+on its result. A ``KeyboardInterrupt`` (or any exception) in the waiting thread stops the call
+first, waits for it to unwind (bounded), then propagates unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+_UNWIND_WAIT = 5.0
+
+
+class Portal:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None or self._thread is None or not self._thread.is_alive():
+                loop = asyncio.new_event_loop()
+                ready = threading.Event()
+
+                def run() -> None:
+                    asyncio.set_event_loop(loop)
+                    loop.call_soon(ready.set)
+                    loop.run_forever()
+
+                self._thread = threading.Thread(target=run, name="abstract-client-sync", daemon=True)
+                self._thread.start()
+                ready.wait()
+                self._loop = loop
+            return self._loop
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        return self._thread
+
+    def run(
+        self,
+        fn: Callable[[], Coroutine[Any, Any, T]],
+        on_interrupt: Callable[[], object] | None = None,
+    ) -> T:
+        """Run ``fn()`` on the loop thread and return its result, raising its exception."""
+        loop = self.loop
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("the sync API cannot be called from its own event loop thread")
+        future: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(fn(), loop)
+        try:
+            return future.result()
+        except BaseException:
+            if future.done():
+                raise
+            # Interrupted while waiting (Ctrl-C): stop the call, let it unwind, then propagate.
+            if on_interrupt is not None:
+                on_interrupt()
+            try:
+                future.result(timeout=_UNWIND_WAIT)
+            except BaseException:
+                pass
+            raise
+
+    def submit(self, fn: Callable[[], Coroutine[Any, Any, Any]]) -> None:
+        """Fire and forget (cleanup from ``__del__``)."""
+        try:
+            asyncio.run_coroutine_threadsafe(fn(), self.loop)
+        except RuntimeError:
+            pass
+
+
+_portal = Portal()
+
+
+def portal() -> Portal:
+    return _portal

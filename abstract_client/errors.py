@@ -1,0 +1,185 @@
+"""The error hierarchy.
+
+Every error carries what was produced before it happened (``partial_text``, ``generated_tokens``,
+``usage``) and where it happened (``provider``, ``model``, ``request_id``): the contract fills
+these in on whatever a provider raised, so nothing the user already paid for is lost.
+
+Retry decisions are made from the *type* and the ``retryable`` flag set at construction, never
+from message text.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from .types import Usage
+
+StopReason = Literal["user", "timeout", "model_eject", "shutdown"]
+TimeoutKind = Literal["connect", "first_token", "idle", "total"]
+
+__all__ = [
+    "AbstractClientError",
+    "AbortError",
+    "GenerationCancelledError",
+    "GenerationTimeoutError",
+    "ProviderError",
+    "ModelNotFoundError",
+    "InvalidRequestError",
+    "ContextOverflowError",
+    "RateLimitError",
+    "ServerUnavailableError",
+    "ProviderAPIError",
+    "NotSupportedError",
+    "ModelBusyError",
+    "ProviderProtocolError",
+    "TransportError",
+]
+
+
+class AbstractClientError(Exception):
+    """Base of every error this library raises."""
+
+    retryable: bool = False
+
+    def __init__(self, message: str = "", **context: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.partial_text: str = context.pop("partial_text", "")
+        self.generated_tokens: int = context.pop("generated_tokens", 0)
+        self.usage: Usage | None = context.pop("usage", None)
+        self.provider: str | None = context.pop("provider", None)
+        self.model: str | None = context.pop("model", None)
+        self.request_id: str | None = context.pop("request_id", None)
+        if context:
+            raise TypeError(f"unexpected error context: {sorted(context)}")
+
+    def __str__(self) -> str:
+        where = ", ".join(f"{k}={v}" for k, v in (("provider", self.provider), ("request_id", self.request_id)) if v)
+        return f"{self.message} ({where})" if where else self.message
+
+
+class AbortError(AbstractClientError):
+    """Raised by ``AbortSignal.throw_if_aborted()`` when the signal's reason is not an exception."""
+
+
+class GenerationCancelledError(AbstractClientError):
+    """The generation was stopped on request. Request-local; never retried.
+
+    ``reason`` is one of ``user``, ``timeout`` (an ``AbortSignal.timeout``), ``model_eject`` or
+    ``shutdown``. ``cancel_to_stop_ms`` is the time from the stop being requested to this error
+    being raised.
+    """
+
+    def __init__(
+        self,
+        message: str = "generation cancelled",
+        *,
+        reason: StopReason = "user",
+        cancel_to_stop_ms: float | None = None,
+        signal_reason: object = None,
+        **context: Any,
+    ) -> None:
+        super().__init__(message, **context)
+        self.reason: StopReason = reason
+        self.cancel_to_stop_ms = cancel_to_stop_ms
+        self.signal_reason = signal_reason
+
+
+class GenerationTimeoutError(AbstractClientError):
+    """A deadline passed: ``kind`` is connect, first_token, idle or total. Never retried."""
+
+    def __init__(self, message: str, *, kind: TimeoutKind, **context: Any) -> None:
+        super().__init__(message, **context)
+        self.kind: TimeoutKind = kind
+
+
+class ProviderError(AbstractClientError):
+    """The backend answered with an error. ``retryable`` is decided by type at construction."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        body: Any = None,
+        retryable: bool | None = None,
+        retry_after: float | None = None,
+        **context: Any,
+    ) -> None:
+        super().__init__(message, **context)
+        self.status = status
+        self.body = body
+        self.retry_after = retry_after
+        if retryable is not None:
+            self.retryable = retryable
+
+
+class ModelNotFoundError(ProviderError):
+    """The requested model does not exist on the server."""
+
+
+class InvalidRequestError(ProviderError):
+    """The server rejected the request as malformed (HTTP 400/422)."""
+
+
+class ContextOverflowError(InvalidRequestError):
+    """The prompt (plus max_tokens) does not fit the model's context window."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        n_prompt_tokens: int | None = None,
+        n_ctx: int | None = None,
+        **kw: Any,
+    ) -> None:
+        super().__init__(message, **kw)
+        self.n_prompt_tokens = n_prompt_tokens
+        self.n_ctx = n_ctx
+
+
+class RateLimitError(ProviderError):
+    """HTTP 429. Retried only when the server said when (Retry-After)."""
+
+    def __init__(self, message: str, *, retry_after: float | None = None, **kw: Any) -> None:
+        kw.setdefault("retryable", retry_after is not None)
+        super().__init__(message, retry_after=retry_after, **kw)
+
+
+class ServerUnavailableError(ProviderError):
+    """The server is not ready: 503 (e.g. loading a model) or connection refused."""
+
+    def __init__(self, message: str, *, retry_after: float | None = None, **kw: Any) -> None:
+        kw.setdefault("retryable", retry_after is not None)
+        super().__init__(message, retry_after=retry_after, **kw)
+
+
+class ProviderAPIError(ProviderError):
+    """Any other error status. 502 and 504 (a proxy in front of the server) are retryable."""
+
+    def __init__(self, message: str, *, status: int | None = None, **kw: Any) -> None:
+        kw.setdefault("retryable", status in (502, 504))
+        super().__init__(message, status=status, **kw)
+
+
+class NotSupportedError(ProviderError):
+    """The backend cannot do this (e.g. unloading the model of a single-model llama-server)."""
+
+
+class ModelBusyError(AbstractClientError):
+    """An eject could not finish: a decode was still running at the drain deadline, so nothing
+    was freed."""
+
+
+class ProviderProtocolError(AbstractClientError):
+    """The server sent something that is not its protocol: a malformed frame or body, a stream
+    that ended without its final frame. ``partial_text`` keeps what arrived before."""
+
+
+class TransportError(AbstractClientError):
+    """The connection failed or was dropped by the peer (not by us)."""
+
+    def __init__(self, message: str, *, retryable: bool = False, **context: Any) -> None:
+        super().__init__(message, **context)
+        self.retryable = retryable

@@ -1,0 +1,1 @@
+"""HTTP plumbing shared by every HTTP lane: the socket guard, clients, decoders, retries."""

@@ -1,0 +1,137 @@
+"""Capture a private connection's socket the moment it connects, and sever it on stop.
+
+A blocked read cannot be interrupted from Python, and servers only stop decoding when they see the
+connection close. So every private connection is made through :class:`GuardedBackend`, an httpcore
+network backend that hands the raw socket to the :class:`SocketGuard` of the call that is
+connecting (found through a context variable, so one client serves every call). A stop then calls
+``socket.shutdown(SHUT_RDWR)`` from whichever thread requested it: the peer sees EOF at once, and
+a read blocked on the socket wakes with EOF.
+
+The guard forgets the socket before httpcore closes it, so a late stop can never shut down a
+file descriptor number that the OS has already handed to someone else.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import socket
+import threading
+import time
+import typing
+
+import httpcore
+
+from ..stop import StopToken
+
+current_guard: contextvars.ContextVar[SocketGuard | None] = contextvars.ContextVar(
+    "abstract_client_socket_guard", default=None
+)
+
+
+class SocketGuard:
+    """Owns the socket of one call's private connection."""
+
+    def __init__(self, token: StopToken | None = None) -> None:
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self.severed_at: float | None = None
+        self.connected = False
+        self._requested = False
+        if token is not None:
+            token.add_hook(self.sever)
+
+    def attach(self, sock: socket.socket | None) -> None:
+        with self._lock:
+            self._sock = sock
+            self.connected = True
+            late = self._requested
+        if late:  # the stop came while we were connecting
+            self._shutdown()
+
+    def detach(self) -> None:
+        with self._lock:
+            self._sock = None
+
+    def sever(self) -> None:
+        """Shut the socket down in both directions (now, or the moment it connects); safe from
+        any thread, any number of times."""
+        with self._lock:
+            self._requested = True
+        self._shutdown()
+
+    def _shutdown(self) -> None:
+        with self._lock:
+            sock = self._sock
+            if sock is None or self.severed_at is not None:
+                return
+            self.severed_at = time.perf_counter()
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:  # already closed or reset by the peer: nothing left to sever
+                pass
+
+
+class _GuardedStream(httpcore.AsyncNetworkStream):
+    def __init__(self, inner: httpcore.AsyncNetworkStream, guard: SocketGuard) -> None:
+        self._inner = inner
+        self._guard = guard
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return await self._inner.read(max_bytes, timeout)
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        await self._inner.write(buffer, timeout)
+
+    async def aclose(self) -> None:
+        self._guard.detach()
+        await self._inner.aclose()
+
+    async def start_tls(
+        self,
+        ssl_context: typing.Any,
+        server_hostname: str | None = None,
+        timeout: float | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        inner = await self._inner.start_tls(ssl_context, server_hostname, timeout)
+        return _GuardedStream(inner, self._guard)
+
+    def get_extra_info(self, info: str) -> typing.Any:
+        return self._inner.get_extra_info(info)
+
+
+class GuardedBackend(httpcore.AsyncNetworkBackend):
+    """anyio's backend (asyncio and trio), plus socket capture for the connecting call."""
+
+    def __init__(self) -> None:
+        self._inner = httpcore.AnyIOBackend()
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: typing.Iterable[typing.Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        stream = await self._inner.connect_tcp(host, port, timeout, local_address, socket_options)
+        guard = current_guard.get()
+        if guard is None:
+            return stream
+        guard.attach(stream.get_extra_info("socket"))
+        return _GuardedStream(stream, guard)
+
+    async def connect_unix_socket(
+        self,
+        path: str,
+        timeout: float | None = None,
+        socket_options: typing.Iterable[typing.Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        stream = await self._inner.connect_unix_socket(path, timeout, socket_options)
+        guard = current_guard.get()
+        if guard is None:
+            return stream
+        guard.attach(stream.get_extra_info("socket"))
+        return _GuardedStream(stream, guard)
+
+    async def sleep(self, seconds: float) -> None:
+        await self._inner.sleep(seconds)

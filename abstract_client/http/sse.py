@@ -1,0 +1,133 @@
+"""A pure Server-Sent Events decoder: bytes in, events out (sans-io, after h11's style).
+
+Follows the WHATWG event-stream rules: lines end with CRLF, LF or CR (also split across chunks);
+``:`` starts a comment (llama-server's keep-alive pings); ``data:`` lines join with ``\\n``; a
+blank line dispatches; a block with no data dispatches nothing; an unfinished block at end of
+input is dropped. Two deliberate strictnesses, because a token stream is never legitimately like
+this: invalid UTF-8 and a line longer than ``max_line_bytes`` raise ``ProviderProtocolError``.
+Nothing else can be raised, whatever the bytes (fuzzed with Hypothesis).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import ProviderProtocolError
+
+DEFAULT_MAX_LINE_BYTES = 4 * 1024 * 1024
+_BOM = b"\xef\xbb\xbf"
+
+
+@dataclass(frozen=True, slots=True)
+class SSEEvent:
+    event: str = "message"
+    data: str = ""
+    id: str | None = None
+    retry: int | None = None
+
+
+class SSEDecoder:
+    def __init__(self, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> None:
+        self.max_line_bytes = max_line_bytes
+        self._buf = bytearray()
+        self._skip_lf = False  # the previous chunk ended with CR; a leading LF belongs to it
+        self._bom_checked = False
+        self._data: list[str] = []
+        self._event = ""
+        self._last_id: str | None = None
+        self._retry: int | None = None
+        self.comments = 0  # keep-alive pings seen (useful for idle diagnostics)
+
+    def feed(self, chunk: bytes) -> list[SSEEvent]:
+        events: list[SSEEvent] = []
+        if not chunk:
+            return events
+        if self._skip_lf and chunk[:1] == b"\n":
+            chunk = chunk[1:]
+        self._skip_lf = False
+        self._buf += chunk
+        if not self._bom_checked:
+            # A UTF-8 BOM is skipped only at the very start of the stream.
+            if len(self._buf) < 3 and _BOM.startswith(bytes(self._buf)):
+                return events  # could still be a BOM: wait for more bytes
+            if self._buf.startswith(_BOM):
+                del self._buf[:3]
+            self._bom_checked = True
+        start = 0
+        buf = self._buf
+        n = len(buf)
+        while True:
+            lf = buf.find(b"\n", start)
+            cr = buf.find(b"\r", start, lf if lf != -1 else n)
+            end = cr if cr != -1 else lf
+            if end == -1:
+                break
+            line = bytes(buf[start:end])
+            if cr != -1:
+                if end + 1 < n:
+                    start = end + 2 if buf[end + 1] == 0x0A else end + 1
+                else:
+                    start = end + 1
+                    self._skip_lf = True
+            else:
+                start = end + 1
+            event = self._line(line)
+            if event is not None:
+                events.append(event)
+        del buf[:start]
+        if len(buf) > self.max_line_bytes:
+            raise ProviderProtocolError(f"SSE line longer than {self.max_line_bytes} bytes")
+        return events
+
+    def close(self) -> list[SSEEvent]:
+        """End of input. A block without its blank line is incomplete and dropped (per spec)."""
+        self._buf.clear()
+        self._data.clear()
+        self._event = ""
+        return []
+
+    @property
+    def has_partial(self) -> bool:
+        """True when input ended in the middle of a line or an event block."""
+        return bool(self._buf) or bool(self._data)
+
+    def _line(self, raw: bytes) -> SSEEvent | None:
+        if len(raw) > self.max_line_bytes:
+            raise ProviderProtocolError(f"SSE line longer than {self.max_line_bytes} bytes")
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ProviderProtocolError(f"SSE stream is not valid UTF-8: {exc.reason}") from None
+        if not line:
+            return self._dispatch()
+        if line[0] == ":":
+            self.comments += 1
+            return None
+        name, sep, value = line.partition(":")
+        if sep and value[:1] == " ":
+            value = value[1:]
+        if name == "data":
+            self._data.append(value)
+        elif name == "event":
+            self._event = value
+        elif name == "id":
+            if "\0" not in value:
+                self._last_id = value
+        elif name == "retry":
+            if value.isascii() and value.isdigit():
+                self._retry = int(value)
+        return None
+
+    def _dispatch(self) -> SSEEvent | None:
+        if not self._data:
+            self._event = ""
+            return None
+        event = SSEEvent(
+            event=self._event or "message",
+            data="\n".join(self._data),
+            id=self._last_id,
+            retry=self._retry,
+        )
+        self._data = []
+        self._event = ""
+        return event

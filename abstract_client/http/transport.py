@@ -1,0 +1,140 @@
+"""The two kinds of HTTP client an HTTP lane uses, one pair per event loop.
+
+* **pooled**: keep-alive connections, for calls nobody can stop mid-flight from another thread.
+* **private**: every request gets its own HTTP/1.1 connection, never reused, closed after the
+  response, connected through :class:`GuardedBackend` so its socket can be severed on stop.
+  HTTP/1.1 because only a closed connection tells a server to stop (httpcore sends no HTTP/2
+  stream reset).
+
+httpx clients belong to the event loop that first used them, and the sync API runs on its own
+loop thread, so clients are kept per loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ssl
+import threading
+import weakref
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import httpcore
+import httpx
+
+from .._loop import loop_key
+from .guard import GuardedBackend
+
+_ssl_lock = threading.Lock()
+_ssl_context: ssl.SSLContext | None = None
+
+
+def shared_ssl_context() -> ssl.SSLContext:
+    # Building an SSLContext costs milliseconds; one per process serves every client.
+    global _ssl_context
+    with _ssl_lock:
+        if _ssl_context is None:
+            _ssl_context = httpx.create_ssl_context()
+        return _ssl_context
+
+
+class _PrivateTransport(httpx.AsyncHTTPTransport):
+    def __init__(self, ssl_context: ssl.SSLContext) -> None:
+        super().__init__(verify=ssl_context, http1=True, http2=False, trust_env=False)
+        # httpx builds its pool without a way to pass a network backend; replace it with one that
+        # never keeps a connection alive and captures each socket.
+        self._pool = httpcore.AsyncConnectionPool(
+            ssl_context=ssl_context,
+            max_connections=None,
+            max_keepalive_connections=0,
+            http1=True,
+            http2=False,
+            network_backend=GuardedBackend(),
+        )
+
+
+class HttpClients:
+    """Per-event-loop pooled and private ``httpx.AsyncClient`` for one base URL."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        headers: dict[str, str] | None = None,
+        connect_timeout: float | None = 10.0,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._headers = headers or {}
+        self._timeout = httpx.Timeout(None, connect=connect_timeout)
+        self._lock = threading.Lock()
+        self._by_loop: weakref.WeakKeyDictionary[Any, dict[bool, httpx.AsyncClient]] = weakref.WeakKeyDictionary()
+        self._closers: weakref.WeakKeyDictionary[Any, AsyncGenerator[None, None]] = weakref.WeakKeyDictionary()
+
+    def __repr__(self) -> str:  # never show headers: they may carry an API key
+        return f"<HttpClients {self.base_url}>"
+
+    async def prepare(self) -> None:
+        """Make sure this loop's clients get closed when the loop ends.
+
+        There is no "loop closing" callback in asyncio or trio, but both finalise the async
+        generators still alive when a run ends (``shutdown_asyncgens``): a parked generator per
+        loop closes that loop's clients then, so ``asyncio.run``/``trio.run`` per call leaves no
+        keep-alive connection behind.
+        """
+        key = loop_key()
+        with self._lock:
+            if key in self._closers:
+                return
+            closer = _close_on_loop_end(self._by_loop.setdefault(key, {}))
+            self._closers[key] = closer
+        await closer.__anext__()
+
+    def get(self, *, private: bool) -> httpx.AsyncClient:
+        key = loop_key()
+        with self._lock:
+            clients = self._by_loop.setdefault(key, {})
+            client = clients.get(private)
+            if client is None:
+                transport: httpx.AsyncBaseTransport
+                if private:
+                    transport = _PrivateTransport(shared_ssl_context())
+                else:
+                    transport = httpx.AsyncHTTPTransport(
+                        verify=shared_ssl_context(),
+                        trust_env=False,
+                        limits=httpx.Limits(max_connections=100, max_keepalive_connections=20),
+                    )
+                client = httpx.AsyncClient(
+                    base_url=self.base_url,
+                    headers=self._headers,
+                    timeout=self._timeout,
+                    transport=transport,
+                    trust_env=False,
+                    follow_redirects=False,
+                )
+                clients[private] = client
+            return client
+
+    async def aclose_current_loop(self) -> None:
+        """Close this loop's clients (clients of other loops are closed on their own loops)."""
+        try:
+            key = loop_key()
+        except Exception:
+            return
+        with self._lock:
+            clients = self._by_loop.pop(key, {})
+            self._closers.pop(key, None)
+        for client in list(clients.values()):
+            await client.aclose()
+        clients.clear()
+
+
+async def _close_on_loop_end(clients: dict[bool, httpx.AsyncClient]) -> AsyncGenerator[None, None]:
+    try:
+        yield
+        yield  # never resumed: parked until the loop finalises it
+    finally:
+        for client in list(clients.values()):
+            with contextlib.suppress(Exception):
+                await client.aclose()
+        clients.clear()

@@ -1,0 +1,130 @@
+"""Reading HTTP responses for the lanes: error statuses, JSON bodies, SSE and NDJSON streams.
+
+Shared by every HTTP provider so each of them is only field mapping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import httpx
+
+from ..errors import ProviderProtocolError, ServerUnavailableError
+from .mapping import decode_json_body, error_from_frame, error_from_response, parse_error_body
+from .ndjson import NDJSONDecoder
+from .sse import SSEDecoder, SSEEvent
+
+MAX_ERROR_BODY = 64 * 1024
+
+
+async def raise_for_status(resp: httpx.Response) -> None:
+    """Raise the typed error for a non-2xx response (reading at most 64 KiB of its body)."""
+    if resp.status_code < 300:
+        return
+    if resp.is_redirect:
+        raise _redirect_error(resp)
+    body = bytearray()
+    async for part in resp.aiter_bytes():
+        body += part
+        if len(body) >= MAX_ERROR_BODY:
+            break
+    raw = bytes(body[:MAX_ERROR_BODY])
+    raise error_from_response(
+        resp.status_code,
+        decode_json_body(raw),
+        headers=resp.headers,
+        text=raw.decode("utf-8", "replace"),
+    )
+
+
+def _redirect_error(resp: httpx.Response) -> ProviderProtocolError:
+    # A redirect would re-send a generation to an address nobody checked; say so instead.
+    return ProviderProtocolError(
+        f"unexpected redirect {resp.status_code} to {resp.headers.get('location', '?')!r} "
+        "(redirects are not followed: point base_url at the final address)"
+    )
+
+
+def json_body(resp: httpx.Response) -> Any:
+    """The JSON body of a read response; an error body (even under HTTP 200) raises typed."""
+    if resp.is_redirect:
+        raise _redirect_error(resp)
+    if resp.status_code >= 300:
+        raise error_from_response(
+            resp.status_code, decode_json_body(resp.content), headers=resp.headers, text=resp.text[:500]
+        )
+    body = decode_json_body(resp.content)
+    if body is None:
+        raise ProviderProtocolError(f"expected a JSON body, got {resp.content[:200]!r}")
+    if parse_error_body(body) is not None and isinstance(body, dict) and "choices" not in body:
+        raise error_from_response(200, body)
+    return body
+
+
+async def sse_events(resp: httpx.Response) -> AsyncIterator[SSEEvent]:
+    """The SSE events of a streaming response. A stream cut inside a frame is a protocol error."""
+    decoder = SSEDecoder()
+    async for part in resp.aiter_bytes():
+        for event in decoder.feed(part):
+            yield event
+    if decoder.has_partial:
+        raise ProviderProtocolError("the stream ended in the middle of an SSE frame")
+    for event in decoder.close():
+        yield event
+
+
+async def ndjson_objects(resp: httpx.Response) -> AsyncIterator[Any]:
+    decoder = NDJSONDecoder()
+    async for part in resp.aiter_bytes():
+        for obj in decoder.feed(part):
+            yield obj
+    for obj in decoder.close():
+        yield obj
+
+
+def load_frame(data: str) -> Any:
+    """Parse one SSE ``data`` payload as JSON; an error frame raises typed."""
+    obj = decode_json_body(data.encode())
+    if obj is None and data.strip() != "null":
+        raise ProviderProtocolError(f"malformed SSE frame: {data[:200]!r}")
+    err = error_from_frame(obj)
+    if err is not None:
+        raise err
+    return obj
+
+
+def raise_if_error(obj: Any) -> None:
+    err = error_from_frame(obj)
+    if err is not None:
+        raise err
+
+
+async def poll_until_ready(
+    client: httpx.AsyncClient, path: str, timeout: float, *, provider: str, interval: float = 0.25
+) -> None:
+    """Poll ``GET path`` until 200; connection refused and 503 mean "not yet"."""
+    last: BaseException | str = "no answer"
+    with anyio.move_on_after(timeout):
+        while True:
+            try:
+                resp = await client.get(path)
+                if resp.status_code == 200:
+                    return
+                last = f"HTTP {resp.status_code}"
+            except httpx.HTTPError as exc:
+                last = exc
+            await anyio.sleep(interval)
+    raise ServerUnavailableError(f"{provider} not ready after {timeout}s (last: {last})", provider=provider)
+
+
+__all__ = [
+    "json_body",
+    "load_frame",
+    "ndjson_objects",
+    "poll_until_ready",
+    "raise_for_status",
+    "raise_if_error",
+    "sse_events",
+]

@@ -1,0 +1,118 @@
+"""What a provider is: wire mapping plus the engine's own stop hook, nothing else.
+
+A provider never decides what the caller sees on a stop, never retries, never raises
+``GenerationCancelledError``: the contract (``contract.py``) runs it and does all of that. An HTTP
+provider only has to issue its requests with ``ctx.http()``; the contract has already arranged a
+private, severable connection when the call needs one.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncGenerator
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import httpx
+
+from .errors import NotSupportedError
+from .http.transport import HttpClients
+from .stop import StopToken
+from .types import GenerationRequest, StreamChunk, Timings, Usage
+
+
+@dataclass(slots=True)
+class Completion:
+    """A provider's non-streaming answer; the contract turns it into a ``GenerateResult``."""
+
+    content: str
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    timings: Timings | None = None
+    model: str | None = None
+    raw: Any = None
+
+
+@dataclass(slots=True)
+class CallContext:
+    token: StopToken
+    request_id: str
+    private: bool
+    clients: HttpClients | None = None
+    connect_timeout: float | None = 10.0
+
+    def http(self) -> httpx.AsyncClient:
+        """The HTTP client for this call on the current event loop (private or pooled)."""
+        if self.clients is None:
+            raise RuntimeError("this provider has no HTTP clients")
+        return self.clients.get(private=self.private)
+
+    def _timeout(self) -> httpx.Timeout:
+        # Only connect is enforced by httpx; first-token/idle/total are the contract's deadlines.
+        return httpx.Timeout(None, connect=self.connect_timeout)
+
+    def stream(self, method: str, url: str, **kwargs: Any) -> AbstractAsyncContextManager[httpx.Response]:
+        return self.http().stream(method, url, timeout=self._timeout(), **kwargs)
+
+    async def request(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
+        return await self.http().request(method, url, timeout=self._timeout(), **kwargs)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    id: str
+    loaded: bool | None = None
+    raw: Any = None
+
+
+@dataclass(slots=True)
+class UnloadReport:
+    """What ``unload_model`` did. Memory figures are in bytes, for in-process lanes."""
+
+    stopped_requests: int = 0
+    server_unloaded: bool = False
+    detail: str = ""
+    memory_before: int | None = None
+    memory_after: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Provider(abc.ABC):
+    name: ClassVar[str]
+
+    def __init__(self, *, model: str | None, clients: HttpClients | None = None) -> None:
+        self.model = model
+        self.clients = clients
+
+    def __repr__(self) -> str:
+        base = f" {self.clients.base_url}" if self.clients else ""
+        return f"<{type(self).__name__} model={self.model!r}{base}>"
+
+    @abc.abstractmethod
+    def stream(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
+        """Yield the answer as chunks; the last one carries finish_reason/usage when known."""
+
+    @abc.abstractmethod
+    async def complete(self, request: GenerationRequest, ctx: CallContext) -> Completion:
+        """The non-streaming call (a distinct server path: ``stream: false``)."""
+
+    async def list_models(self) -> list[ModelInfo]:
+        raise NotSupportedError(f"{self.name} cannot list models", provider=self.name)
+
+    async def load_model(self) -> None:
+        raise NotSupportedError(f"{self.name} cannot load models", provider=self.name)
+
+    async def unload_model(self) -> UnloadReport:
+        """Server-side (or in-process) unload, called after in-flight calls were drained."""
+        return UnloadReport(detail=f"{self.name}: no server-side unload; in-flight calls stopped")
+
+    async def wait_ready(self, timeout: float) -> None:
+        raise NotSupportedError(f"{self.name} has no readiness probe", provider=self.name)
+
+    def bind_stop(self, token: StopToken) -> None:  # noqa: B027 - optional hook
+        """In-process engines attach their own stop hook here (HTTP lanes need none)."""
+
+    async def aclose(self) -> None:
+        if self.clients is not None:
+            await self.clients.aclose_current_loop()

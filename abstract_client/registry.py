@@ -1,0 +1,75 @@
+"""``create_llm`` and the provider registry.
+
+Built-in lanes are registered by name; third parties add theirs through the entry point group
+``abstract_client.providers`` (``name = "package.module:ProviderClass"``) or
+:func:`register_provider`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Callable
+from importlib.metadata import entry_points
+from typing import Any
+
+from .llm import LLM
+from .provider import Provider
+from .types import Timeout
+
+log = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "abstract_client.providers"
+
+_BUILTIN: dict[str, str] = {
+    "openai-compatible": "providers.openai_compatible:OpenAICompatibleProvider",
+    "llamacpp": "providers.llamacpp:LlamaCppProvider",
+    "ollama": "providers.ollama:OllamaProvider",
+    "lmstudio": "providers.lmstudio:LMStudioProvider",
+}
+_registered: dict[str, Callable[..., Provider]] = {}
+
+
+def register_provider(name: str, factory: Callable[..., Provider]) -> None:
+    """Register a provider class (or factory) under ``name``."""
+    _registered[name] = factory
+
+
+def available_providers() -> list[str]:
+    names = set(_BUILTIN) | set(_registered)
+    names |= {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    return sorted(names)
+
+
+def _load(spec: str) -> Callable[..., Provider]:
+    module, _, attr = spec.partition(":")
+    return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
+
+
+def _factory(name: str) -> Callable[..., Provider]:
+    if name in _registered:
+        return _registered[name]
+    if name in _BUILTIN:
+        return _load(_BUILTIN[name])
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name == name:
+            factory: Callable[..., Provider] = ep.load()
+            return factory
+    raise ValueError(f"unknown provider {name!r}; available: {', '.join(available_providers())}")
+
+
+def create_llm(
+    provider: str,
+    model: str | None = None,
+    *,
+    base_url: str | None = None,
+    api_key: str | None = None,
+    timeout: Timeout | float | None = None,
+    max_retries: int = 2,
+    **options: Any,
+) -> LLM:
+    """Create an :class:`LLM` for ``provider`` (e.g. ``"llamacpp"``, ``"ollama"``, ``"mlx"``)."""
+    factory = _factory(provider)
+    coerced = Timeout.coerce(timeout)
+    instance = factory(model=model, base_url=base_url, api_key=api_key, connect_timeout=coerced.connect, **options)
+    return LLM(instance, timeout=coerced, max_retries=max_retries)

@@ -1,0 +1,186 @@
+"""The stop token: every way a host can say "stop" becomes one ``StopToken`` per request.
+
+Sources (``threading.Event``, ``AbortSignal``, ``cancel(request_id)``, eject, a consumer that
+leaves a stream) all call :meth:`StopToken.stop`. Stop hooks (sever the socket, cancel the async
+scope, set the MLX worker's flag) run synchronously in the stopping thread, once.
+
+The :class:`InflightRegistry` knows every call an ``LLM`` has in flight, so ``cancel(id)``,
+``cancel_all()`` and ``unload_model()`` can reach them, and it lets an eject wait for them to drain.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import cast
+
+import anyio
+
+from .abort import AbortSignal
+from .errors import StopReason
+from .watcher import watcher
+
+log = logging.getLogger(__name__)
+
+Hook = Callable[[], object]
+_REASONS = ("user", "timeout", "model_eject", "shutdown")
+
+
+def reason_from_signal(reason: object) -> StopReason:
+    if isinstance(reason, TimeoutError):
+        return "timeout"
+    if isinstance(reason, str) and reason in _REASONS:
+        return cast(StopReason, reason)
+    return "user"
+
+
+class StopToken:
+    """One request's stop. Set once, from any thread."""
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self._lock = threading.Lock()
+        self._hooks: list[Hook] = []
+        self._unbinds: list[Callable[[], None]] = []
+        self.reason: StopReason | None = None
+        self.signal_reason: object = None
+        self.stopped_at: float | None = None  # time.perf_counter() when the stop was requested
+        self.internal = False  # set for stops that are not the user's (a consumer leaving a stream)
+        self.has_external_source = False
+
+    def __repr__(self) -> str:
+        return f"<StopToken {self.request_id} reason={self.reason}>"
+
+    @property
+    def is_set(self) -> bool:
+        return self.reason is not None
+
+    def stop(
+        self,
+        reason: StopReason = "user",
+        *,
+        signal_reason: object = None,
+        at: float | None = None,
+        internal: bool = False,
+    ) -> bool:
+        """Request the stop; returns False if it was already requested. Runs every hook here."""
+        with self._lock:
+            if self.reason is not None:
+                return False
+            self.stopped_at = at if at is not None else time.perf_counter()
+            self.signal_reason = signal_reason
+            self.internal = internal
+            self.reason = reason
+            hooks, self._hooks = self._hooks, []
+        log.debug("stop %s: %s", self.request_id, reason)
+        for hook in hooks:
+            try:
+                hook()
+            except Exception:
+                log.exception("stop hook failed for %s", self.request_id)
+        return True
+
+    def add_hook(self, hook: Hook) -> Callable[[], None]:
+        """Run ``hook()`` when the stop is requested, or now if it already was."""
+        with self._lock:
+            if self.reason is None:
+                self._hooks.append(hook)
+                run_now = False
+            else:
+                run_now = True
+        if run_now:
+            hook()
+
+        def remove() -> None:
+            with self._lock:
+                try:
+                    self._hooks.remove(hook)
+                except ValueError:
+                    pass
+
+        return remove
+
+    def bind(self, cancel_event: object = None, signal: object = None) -> None:
+        """Attach the caller's stop sources. Anything but a ``threading.Event`` /
+        ``AbortSignal`` is a ``TypeError`` now, never silently ignored."""
+        if cancel_event is not None and not isinstance(cancel_event, threading.Event):
+            raise TypeError(f"cancel_event must be a threading.Event, not {type(cancel_event).__name__}")
+        if signal is not None and not isinstance(signal, AbortSignal):
+            raise TypeError(f"signal must be an abstract_client.AbortSignal, not {type(signal).__name__}")
+        if signal is not None:
+            self.has_external_source = True
+
+            def on_abort(sig: AbortSignal) -> None:
+                self.stop(reason_from_signal(sig.reason), signal_reason=sig.reason, at=sig.aborted_at)
+
+            signal.add_listener(on_abort)
+            self._unbinds.append(lambda: signal.remove_listener(on_abort))
+            if signal.aborted:
+                on_abort(signal)
+        if cancel_event is not None:
+            self.has_external_source = True
+            if cancel_event.is_set():
+                self.stop("user")
+            else:
+                self._unbinds.append(watcher().watch_event(cancel_event, lambda: self.stop("user")))
+
+    def release(self) -> None:
+        """Detach from the caller's sources once the call is over."""
+        unbinds, self._unbinds = self._unbinds, []
+        for unbind in unbinds:
+            unbind()
+        with self._lock:
+            self._hooks.clear()
+
+
+class InflightRegistry:
+    """The calls one ``LLM`` has in flight, by request id."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._tokens: dict[str, StopToken] = {}
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._tokens)
+
+    def ids(self) -> list[str]:
+        with self._cond:
+            return list(self._tokens)
+
+    def add(self, token: StopToken) -> None:
+        with self._cond:
+            if token.request_id in self._tokens:
+                raise ValueError(f"request_id {token.request_id!r} is already in flight")
+            self._tokens[token.request_id] = token
+
+    def remove(self, token: StopToken) -> None:
+        with self._cond:
+            if self._tokens.get(token.request_id) is token:
+                del self._tokens[token.request_id]
+                self._cond.notify_all()
+
+    def cancel(self, request_id: str, reason: StopReason = "user") -> bool:
+        with self._cond:
+            token = self._tokens.get(request_id)
+        return token.stop(reason) if token is not None else False
+
+    def cancel_all(self, reason: StopReason = "user") -> int:
+        with self._cond:
+            tokens = list(self._tokens.values())
+        return sum(token.stop(reason) for token in tokens)
+
+    def wait_empty(self, timeout: float | None) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._tokens, timeout)
+
+    async def wait_empty_async(self, timeout: float | None) -> bool:
+        # Polling keeps this free of any per-loop state; drains are rare and short.
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while len(self):
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            await anyio.sleep(0.002)
+        return True

@@ -1,0 +1,11 @@
+"""Fake LLM servers on real loopback sockets, for testing a Stop button without a GPU.
+
+Each fake speaks its server's wire format, serves on ``127.0.0.1`` on a free port, and records,
+per request, when it saw the client disconnect and when it sent each token. See
+``docs/testing.md``.
+"""
+
+from ._server import Behavior, ClientGone, FakeServer, RequestRecord
+from .openai import FakeOpenAIServer
+
+__all__ = ["Behavior", "ClientGone", "FakeOpenAIServer", "FakeServer", "RequestRecord"]

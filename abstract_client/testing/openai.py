@@ -1,0 +1,166 @@
+"""A fake OpenAI-compatible server (llama-server / vLLM flavoured ``/v1``)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from ._server import Conn, FakeServer, Handler, RequestRecord
+
+
+def sse(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+class FakeOpenAIServer(FakeServer):
+    """``POST /v1/chat/completions`` (streaming and not), ``GET /v1/models``, ``GET /health``.
+
+    Streams ``data:`` frames: a role chunk, one chunk per token, a finish chunk, a usage chunk
+    (with ``stream_options.include_usage``) and ``data: [DONE]``.
+    """
+
+    done_after_error = True  # vLLM sends [DONE] even after an error frame
+
+    def route(self, method: str, path: str) -> Handler | None:
+        routes: dict[tuple[str, str], Handler] = {
+            ("POST", "/v1/chat/completions"): self.chat,
+            ("GET", "/v1/models"): self.models,
+            ("GET", "/health"): self.health,
+        }
+        return routes.get((method, path))
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.url}/v1"
+
+    def health(self, conn: Conn, record: RequestRecord) -> None:
+        if self.behavior.fault == "loading_503":
+            conn.send_json(503, self.error_body(503, "Loading model"))
+        else:
+            conn.send_json(200, {"status": "ok"})
+
+    def models(self, conn: Conn, record: RequestRecord) -> None:
+        data = [
+            {"id": name, "object": "model", "owned_by": "fake"}
+            for name, loaded in self.behavior.models.items()
+            if loaded
+        ]
+        conn.send_json(200, {"object": "list", "data": data})
+
+    def error_body(self, status: int, message: str) -> Any:
+        kind = {400: "invalid_request_error", 404: "not_found_error", 503: "unavailable_error"}.get(
+            status, "server_error"
+        )
+        return {"error": {"code": status, "message": message, "type": kind}}
+
+    def chat(self, conn: Conn, record: RequestRecord) -> None:
+        body = record.body if isinstance(record.body, dict) else {}
+        fault = self._next_fault()
+        record.fault = fault
+        if self.early_fault(conn, fault):
+            return
+        model = body.get("model") or "fake-model"
+        if model not in self.behavior.models and "fake-model" not in self.behavior.models:
+            conn.send_json(
+                404,
+                {
+                    "error": {
+                        "message": f"The model `{model}` does not exist.",
+                        "type": "NotFoundError",
+                        "param": "model",
+                        "code": 404,
+                    }
+                },
+            )
+            return
+        tokens, finish = self.tokens(body.get("max_tokens"))
+        cid = f"chatcmpl-{record.id}"
+        base = {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
+        if not body.get("stream"):
+            self.prefill(conn, record)
+            for _ in tokens:
+                conn.wait(self.behavior.token_delay)
+                record.token_times.append(time.perf_counter())
+            if fault == "error_on_200":
+                conn.send_json(200, self.error_body(500, "injected error under HTTP 200"))
+                return
+            if fault == "malformed_frame":
+                conn.send_head(200, {"Content-Type": "application/json", "Content-Length": "9"})
+                conn.send(b"{not json")
+                return
+            conn.send_json(
+                200,
+                {
+                    "id": cid,
+                    "object": "chat.completion",
+                    "created": int(time.time()),
+                    "model": model,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": "".join(tokens)},
+                            "finish_reason": finish,
+                        }
+                    ],
+                    "usage": {
+                        "prompt_tokens": len(self.prompt_text(record).split()),
+                        "completion_tokens": len(tokens),
+                        "total_tokens": len(self.prompt_text(record).split()) + len(tokens),
+                    },
+                },
+            )
+            return
+
+        if self.behavior.headers_before_prefill:
+            conn.start_chunked("text/event-stream")
+            self.prefill(conn, record)
+        else:
+            self.prefill(conn, record)
+            conn.start_chunked("text/event-stream")
+        conn.chunk(
+            sse(
+                {
+                    **base,
+                    "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
+                }
+            )
+        )
+
+        def frame(tok: str) -> bytes:
+            return sse({**base, "choices": [{"index": 0, "delta": {"content": tok}, "finish_reason": None}]})
+
+        def fault_frame(name: str) -> None:
+            if self.common_fault(conn, name):
+                return
+            if name == "error_on_200":
+                conn.chunk(sse(self.error_body(500, "injected mid-stream error")))
+                if self.done_after_error:
+                    conn.chunk(b"data: [DONE]\n\n")
+            elif name == "malformed_frame":
+                conn.chunk(b"data: {not json\n\n")
+            conn.end_chunked()
+
+        if not self.stream_tokens(conn, tokens, frame, fault, fault_frame):
+            return
+        conn.chunk(sse({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}))
+        if (body.get("stream_options") or {}).get("include_usage"):
+            n_prompt = len(self.prompt_text(record).split())
+            conn.chunk(
+                sse(
+                    {
+                        **base,
+                        "choices": [],
+                        "usage": {
+                            "prompt_tokens": n_prompt,
+                            "completion_tokens": len(tokens),
+                            "total_tokens": n_prompt + len(tokens),
+                        },
+                    }
+                )
+            )
+        conn.chunk(b"data: [DONE]\n\n")
+        conn.end_chunked()
+
+
+__all__ = ["FakeOpenAIServer"]

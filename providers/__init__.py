@@ -1,0 +1,1 @@
+"""One module per backend. Each is wire mapping plus the engine's own stop hook, nothing else."""

@@ -1,0 +1,185 @@
+"""The "openai-compatible" lane: POST {base_url}/chat/completions, shared by every /v1 server.
+
+llama-server, vLLM and LM Studio reuse this wire mapping (subclasses add their fields).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
+
+from abstract_client.errors import ProviderProtocolError
+from abstract_client.http.transport import HttpClients
+from abstract_client.http.wire import json_body, load_frame, poll_until_ready, raise_for_status, sse_events
+from abstract_client.provider import CallContext, Completion, ModelInfo, Provider
+from abstract_client.types import GenerationRequest, StreamChunk, Timings, Usage
+
+
+def usage_from(obj: Any) -> Usage | None:
+    if not isinstance(obj, dict):
+        return None
+    prompt, completion = obj.get("prompt_tokens"), obj.get("completion_tokens")
+    return Usage(
+        prompt_tokens=prompt if isinstance(prompt, int) else None,
+        completion_tokens=completion if isinstance(completion, int) else None,
+    )
+
+
+def timings_from(obj: Any) -> Timings | None:
+    """llama-server's ``timings`` object (also returned by servers built on it)."""
+    if not isinstance(obj, dict):
+        return None
+
+    def num(key: str) -> float | None:
+        value = obj.get(key)
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    return Timings(
+        prompt_ms=num("prompt_ms"),
+        predicted_ms=num("predicted_ms"),
+        prompt_tokens_per_s=num("prompt_per_second"),
+        tokens_per_s=num("predicted_per_second"),
+    )
+
+
+def _expect_dict(obj: Any, what: str) -> dict[str, Any]:
+    if not isinstance(obj, dict):
+        raise ProviderProtocolError(f"{what}: expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def _first_choice(obj: dict[str, Any]) -> dict[str, Any] | None:
+    choices = obj.get("choices")
+    if choices is None or choices == []:
+        return None
+    if not isinstance(choices, list) or not isinstance(choices[0], dict):
+        raise ProviderProtocolError(f"malformed choices: {str(choices)[:200]}")
+    return choices[0]
+
+
+def chunk_from(obj: Any) -> StreamChunk:
+    """Map one ``chat.completion.chunk``."""
+    obj = _expect_dict(obj, "stream chunk")
+    choice = _first_choice(obj)
+    delta_text, finish = "", None
+    if choice is not None:
+        delta = choice.get("delta") or {}
+        if not isinstance(delta, dict):
+            raise ProviderProtocolError(f"malformed delta: {str(delta)[:200]}")
+        content = delta.get("content")
+        if content is not None and not isinstance(content, str):
+            raise ProviderProtocolError(f"malformed delta content: {str(content)[:200]}")
+        delta_text = content or ""
+        finish = choice.get("finish_reason")
+    return StreamChunk(
+        delta=delta_text,
+        finish_reason=finish if isinstance(finish, str) else None,
+        usage=usage_from(obj.get("usage")),
+        timings=timings_from(obj.get("timings")),
+        model=obj.get("model") if isinstance(obj.get("model"), str) else None,
+        raw=obj,
+    )
+
+
+def completion_from(obj: Any) -> Completion:
+    obj = _expect_dict(obj, "completion")
+    choice = _first_choice(obj)
+    if choice is None:
+        raise ProviderProtocolError("completion without choices")
+    message = choice.get("message") or {}
+    content = message.get("content") if isinstance(message, dict) else None
+    if content is not None and not isinstance(content, str):
+        raise ProviderProtocolError(f"malformed message content: {str(content)[:200]}")
+    return Completion(
+        content=content or "",
+        finish_reason=choice.get("finish_reason"),
+        usage=usage_from(obj.get("usage")),
+        timings=timings_from(obj.get("timings")),
+        model=obj.get("model") if isinstance(obj.get("model"), str) else None,
+        raw=obj,
+    )
+
+
+async def openai_sse_chunks(resp: Any) -> AsyncIterator[StreamChunk]:
+    """Chunks of an OpenAI-style SSE stream, ending at ``[DONE]``. A stream that ends without
+    ``[DONE]`` is accepted only if a finish_reason was seen; else it was cut short."""
+    finished = False
+    async for event in sse_events(resp):
+        if event.data.strip() == "[DONE]":
+            return
+        chunk = chunk_from(load_frame(event.data))
+        finished = finished or chunk.finish_reason is not None
+        yield chunk
+    if not finished:
+        raise ProviderProtocolError("the stream ended before its final frame ([DONE] or a finish_reason)")
+
+
+class OpenAICompatibleProvider(Provider):
+    name = "openai-compatible"
+    default_base_url = "http://127.0.0.1:8080/v1"
+    chat_path = "/chat/completions"
+    models_path = "/models"
+    ready_path = "/models"
+
+    def __init__(
+        self,
+        *,
+        model: str | None = None,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        connect_timeout: float | None = 10.0,
+        headers: dict[str, str] | None = None,
+        **options: Any,
+    ) -> None:
+        all_headers = dict(headers or {})
+        if api_key:
+            all_headers["Authorization"] = f"Bearer {api_key}"
+        super().__init__(
+            model=model,
+            clients=HttpClients(
+                base_url or self.default_base_url, headers=all_headers, connect_timeout=connect_timeout
+            ),
+        )
+        self.options = options  # extra body fields sent with every request
+
+    def chat_body(self, request: GenerationRequest, *, stream: bool) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": request.model or "default", "messages": request.messages, "stream": stream}
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        if request.max_tokens is not None:
+            body["max_tokens"] = request.max_tokens
+        if request.temperature is not None:
+            body["temperature"] = request.temperature
+        if request.seed is not None:
+            body["seed"] = request.seed
+        if request.stop:
+            body["stop"] = request.stop
+        body.update(self.options)
+        body.update(request.extra)
+        return body
+
+    def stream(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
+        return self._stream(request, ctx)
+
+    async def _stream(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
+        async with ctx.stream("POST", self.chat_path, json=self.chat_body(request, stream=True)) as resp:
+            await raise_for_status(resp)
+            async for chunk in openai_sse_chunks(resp):
+                yield chunk
+
+    async def complete(self, request: GenerationRequest, ctx: CallContext) -> Completion:
+        resp = await ctx.request("POST", self.chat_path, json=self.chat_body(request, stream=False))
+        return completion_from(json_body(resp))
+
+    async def list_models(self) -> list[ModelInfo]:
+        assert self.clients is not None
+        resp = await self.clients.get(private=False).get(self.models_path)
+        body = json_body(resp)
+        data = body.get("data") if isinstance(body, dict) else None
+        if not isinstance(data, list):
+            raise ProviderProtocolError(f"unexpected /models body: {str(body)[:200]}")
+        return [ModelInfo(id=str(m.get("id")), raw=m) for m in data if isinstance(m, dict)]
+
+    async def wait_ready(self, timeout: float) -> None:
+        assert self.clients is not None
+        await poll_until_ready(self.clients.get(private=False), self.ready_path, timeout, provider=self.name)

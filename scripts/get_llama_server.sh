@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Make a llama-server binary available and print its path on the last line of stdout.
+#
+# Order: $LLAMA_SERVER if it points at an executable; else the cached build under
+# ~/.cache/abstract-client/llama-server/<version>/; else build it from the PyPI sdist of
+# llama-cpp-python (which vendors the whole llama.cpp tree) with CMake, target llama-server only,
+# 2 jobs. The first build takes ~15 minutes on 2 cores; later calls return at once.
+set -euo pipefail
+
+VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
+CACHE="${ABSTRACT_CLIENT_CACHE:-$HOME/.cache/abstract-client}"
+DEST="$CACHE/llama-server/$VERSION"
+BIN="$DEST/llama-server"
+
+if [[ -n "${LLAMA_SERVER:-}" && -x "${LLAMA_SERVER}" ]]; then
+  echo "$LLAMA_SERVER"; exit 0
+fi
+if [[ -x "$BIN" ]]; then
+  echo "$BIN"; exit 0
+fi
+
+command -v cmake >/dev/null || { echo "cmake is required (apt-get install cmake)" >&2; exit 1; }
+mkdir -p "$DEST"
+work="$(mktemp -d "$CACHE/llama-build.XXXXXX")"
+trap 'rm -rf "$work"' EXIT
+
+echo ">> downloading llama-cpp-python==$VERSION sdist" >&2
+python3 -m pip download --no-deps --no-binary :all: -d "$work" "llama-cpp-python==$VERSION" >&2
+tar -xzf "$work"/llama_cpp_python-*.tar.gz -C "$work"
+src="$(echo "$work"/llama_cpp_python-*/vendor/llama.cpp)"
+
+echo ">> configuring llama.cpp (static, no curl/openssl)" >&2
+cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
+  -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF >&2
+
+echo ">> building llama-server with 2 jobs (~15 min on 2 cores); progress:" >&2
+# CMake's own [ NN%] lines are the progress indicator; keep only those so the log stays short.
+cmake --build "$work/build" --target llama-server -j2 2>&1 \
+  | grep --line-buffered -E '^\[ *[0-9]+%\]' | sed -u 's/^/   /' >&2
+cp "$work/build/bin/llama-server" "$BIN.tmp" && mv "$BIN.tmp" "$BIN"
+echo ">> built $BIN" >&2
+echo "$BIN"

@@ -1,0 +1,120 @@
+"""After hundreds of random stops, nothing is left behind: fds, threads, registry, connections."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import anyio
+import pytest
+
+from abstract_client import (
+    LLM,
+    AbortController,
+    GenerationCancelledError,
+    create_llm,
+)
+from abstract_client.testing import FakeOpenAIServer
+
+from .helpers import open_fds, wait_until
+
+N_STOPS = 500
+
+
+def client_threads() -> int:
+    return sum(1 for t in threading.enumerate() if not t.name.startswith("fake"))
+
+
+def test_500_random_stops_leave_nothing_behind() -> None:
+    rng = random.Random(1234)
+    with FakeOpenAIServer(token_delay=0.001, prefill_delay=0.0) as server:
+        llm = create_llm("openai-compatible", "fake-model", base_url=server.base_url, max_retries=0)
+        llm.generate("warm up", max_tokens=2)
+        anyio.run(lambda: llm.agenerate("warm up", max_tokens=2))
+        assert wait_until(lambda: server.open_connections() <= 1)
+        fds0, threads0 = open_fds(), client_threads()
+
+        outcomes = {"cancelled": 0, "completed": 0}
+        for i in range(N_STOPS):
+            server.behavior.prefill_delay = rng.choice([0.0, 0.0, 0.005, 0.02])
+            delay = rng.uniform(0, 0.02)
+            controller = AbortController()
+            timer = threading.Timer(delay, controller.abort)
+            timer.start()
+            mode = i % 4
+            try:
+                if mode == 0:
+                    llm.generate("x", max_tokens=rng.randint(1, 20), signal=controller.signal)
+                elif mode == 1:
+                    for _ in llm.stream("x", max_tokens=rng.randint(1, 20), signal=controller.signal):
+                        pass
+                elif mode == 2:
+                    anyio.run(lambda c=controller: llm.agenerate("x", max_tokens=rng.randint(1, 20), signal=c.signal))
+                else:
+
+                    async def consume(c: AbortController = controller) -> None:
+                        async with llm.astream("x", max_tokens=rng.randint(1, 20), signal=c.signal) as s:
+                            async for _ in s:
+                                pass
+
+                    anyio.run(consume)
+                outcomes["completed"] += 1
+                # A returned answer is only legitimate if the stop came after it was handed over.
+            except GenerationCancelledError as exc:
+                assert exc.reason == "user"
+                outcomes["cancelled"] += 1
+            timer.join()
+
+        assert outcomes["cancelled"] > 50 and outcomes["completed"] > 50, outcomes
+        assert llm.in_flight == []
+        assert wait_until(lambda: server.open_connections() <= 1, timeout=10), server.open_connections()
+        assert llm.generate("still works", max_tokens=3).content == "tok0 tok1 tok2 "
+        assert wait_until(lambda: open_fds() <= fds0 + 2, timeout=10), (open_fds(), fds0)
+        assert client_threads() <= threads0, (client_threads(), threads0)
+        llm.close()
+
+
+@pytest.mark.anyio
+async def test_many_concurrent_async_streams_half_stopped(anyio_backend: str) -> None:
+    rng = random.Random(7)
+    with FakeOpenAIServer(token_delay=0.01) as server:
+        llm: LLM = create_llm("openai-compatible", "fake-model", base_url=server.base_url, max_retries=0)
+        threads0 = client_threads()
+        peak = threads0
+        results = {"cancelled": 0, "completed": 0}
+
+        async def one(i: int) -> None:
+            controller = AbortController()
+            stop = i % 2 == 0
+            try:
+                async with llm.astream("x", max_tokens=30, signal=controller.signal) as stream:
+                    async for n, _ in _aenumerate(stream):
+                        if stop and n == rng.randint(0, 10):
+                            controller.abort()
+                results["completed"] += 1
+            except GenerationCancelledError:
+                results["cancelled"] += 1
+
+        async with anyio.create_task_group() as tg:
+            for i in range(100):
+                tg.start_soon(one, i)
+            for _ in range(20):
+                await anyio.sleep(0.02)
+                peak = max(peak, client_threads())
+        assert results["completed"] + results["cancelled"] == 100
+        assert results["cancelled"] >= 30
+        assert peak - threads0 <= 2, (peak, threads0)  # no thread per request
+        assert llm.in_flight == []
+        await llm.aclose()
+        start = time.monotonic()
+        while server.open_connections() and time.monotonic() - start < 10:
+            await anyio.sleep(0.01)
+        assert server.open_connections() == 0
+
+
+async def _aenumerate(it):  # type: ignore[no-untyped-def]
+    n = 0
+    async for x in it:
+        yield n, x
+        n += 1
