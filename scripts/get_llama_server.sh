@@ -9,7 +9,10 @@ set -euo pipefail
 
 VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
 CACHE="${ABSTRACT_CLIENT_CACHE:-$HOME/.cache/abstract-client}"
-DEST="$CACHE/llama-server/$VERSION"
+# "-avx2": a portable x86-64-v3 build. A -march=native build compiles ggml's AMX kernels on CPUs
+# that advertise AMX, and those segfault at the first matmul on this machine kind
+# (ggml_backend_amx_mul_mat), so native is off and the SIMD level is explicit.
+DEST="$CACHE/llama-server/$VERSION-avx2"
 BIN="$DEST/llama-server"
 
 if [[ -n "${LLAMA_SERVER:-}" && -x "${LLAMA_SERVER}" ]]; then
@@ -31,7 +34,8 @@ src="$(echo "$work"/llama_cpp_python-*/vendor/llama.cpp)"
 
 echo ">> configuring llama.cpp (static, no curl/openssl)" >&2
 cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
-  -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF >&2
+  -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+  -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON >&2
 
 echo ">> building llama-server with 2 jobs (~15 min on 2 cores); progress:" >&2
 # CMake's own [ NN%] lines are the progress indicator; keep only those so the log stays short.

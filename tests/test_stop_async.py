@@ -15,13 +15,13 @@ from abstract_client import (
     AbortSignal,
     GenerationCancelledError,
 )
-from abstract_client.testing import FakeOpenAIServer
+from abstract_client.testing import FakeServer
 
 pytestmark = pytest.mark.anyio
 SERVER_SEES_EOF_S = 1.0
 
 
-async def test_preset_signal_sends_nothing(server: FakeOpenAIServer, llm: LLM) -> None:
+async def test_preset_signal_sends_nothing(server: FakeServer, llm: LLM) -> None:
     with pytest.raises(GenerationCancelledError):
         await llm.agenerate("x", signal=AbortSignal.abort())
     with pytest.raises(GenerationCancelledError):
@@ -32,7 +32,7 @@ async def test_preset_signal_sends_nothing(server: FakeOpenAIServer, llm: LLM) -
     assert server.connections == 0
 
 
-async def test_abort_controller_while_waiting_for_headers(server: FakeOpenAIServer, llm: LLM) -> None:
+async def test_abort_controller_while_waiting_for_headers(server: FakeServer, llm: LLM) -> None:
     server.behavior.prefill_delay = 30
     controller = AbortController()
     async with anyio.create_task_group() as tg:
@@ -49,7 +49,7 @@ async def test_abort_controller_while_waiting_for_headers(server: FakeOpenAIServ
     assert seen - (controller.signal.aborted_at or 0) < SERVER_SEES_EOF_S
 
 
-async def test_abort_from_another_thread_mid_stream(server: FakeOpenAIServer, llm: LLM) -> None:
+async def test_abort_from_another_thread_mid_stream(server: FakeServer, llm: LLM) -> None:
     controller = AbortController()
     got = []
     with pytest.raises(GenerationCancelledError) as info:
@@ -64,7 +64,7 @@ async def test_abort_from_another_thread_mid_stream(server: FakeOpenAIServer, ll
     assert record.tokens_sent_after(seen) == 0
 
 
-async def test_threading_event_in_async_code(server: FakeOpenAIServer, llm: LLM) -> None:
+async def test_threading_event_in_async_code(server: FakeServer, llm: LLM) -> None:
     server.behavior.prefill_delay = 30
     event = threading.Event()
     threading.Timer(0.2, event.set).start()
@@ -73,7 +73,7 @@ async def test_threading_event_in_async_code(server: FakeOpenAIServer, llm: LLM)
     server.wait_for_disconnect(server.last)
 
 
-async def test_framework_cancellation_is_reraised_unchanged(server: FakeOpenAIServer, llm: LLM) -> None:
+async def test_framework_cancellation_is_reraised_unchanged(server: FakeServer, llm: LLM) -> None:
     """An enclosing cancel scope (trio) / task cancel (asyncio, via anyio) severs the connection
     and its own cancellation exception propagates; it is never turned into our error."""
     server.behavior.prefill_delay = 30
@@ -93,7 +93,7 @@ async def test_framework_cancellation_is_reraised_unchanged(server: FakeOpenAISe
     assert llm.in_flight == []
 
 
-async def test_framework_cancellation_mid_stream(server: FakeOpenAIServer, llm: LLM) -> None:
+async def test_framework_cancellation_mid_stream(server: FakeServer, llm: LLM) -> None:
     with anyio.move_on_after(0.3) as scope:
         async with llm.astream("x", max_tokens=10_000) as stream:
             async for _ in stream:
@@ -102,7 +102,7 @@ async def test_framework_cancellation_mid_stream(server: FakeOpenAIServer, llm: 
     server.wait_for_disconnect(server.last)
 
 
-async def test_break_out_of_async_for_closes_at_once_without_gc(server: FakeOpenAIServer, llm: LLM) -> None:
+async def test_break_out_of_async_for_closes_at_once_without_gc(server: FakeServer, llm: LLM) -> None:
     gc.disable()
     try:
         i = 0
@@ -118,7 +118,7 @@ async def test_break_out_of_async_for_closes_at_once_without_gc(server: FakeOpen
         gc.enable()
 
 
-async def test_cancel_all_and_request_ids(server: FakeOpenAIServer, llm: LLM) -> None:
+async def test_cancel_all_and_request_ids(server: FakeServer, llm: LLM) -> None:
     server.behavior.prefill_delay = 30
     outcomes: list[str] = []
 
@@ -148,7 +148,7 @@ async def test_signal_wait_async(anyio_backend: str) -> None:
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
-async def test_asyncio_task_cancel_propagates_cancelled_error(server: FakeOpenAIServer, llm: LLM) -> None:
+async def test_asyncio_task_cancel_propagates_cancelled_error(server: FakeServer, llm: LLM) -> None:
     import asyncio
 
     server.behavior.prefill_delay = 30
@@ -162,7 +162,7 @@ async def test_asyncio_task_cancel_propagates_cancelled_error(server: FakeOpenAI
 
 
 @pytest.mark.parametrize("anyio_backend", ["trio"])
-async def test_trio_move_on_after(server: FakeOpenAIServer, llm: LLM) -> None:
+async def test_trio_move_on_after(server: FakeServer, llm: LLM) -> None:
     import trio
 
     server.behavior.prefill_delay = 30

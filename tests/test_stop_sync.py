@@ -16,7 +16,7 @@ from abstract_client import (
     GenerationCancelledError,
     create_llm,
 )
-from abstract_client.testing import FakeOpenAIServer
+from abstract_client.testing import FakeServer
 
 from .helpers import set_later
 
@@ -25,7 +25,7 @@ PROMPT_STOP_S = 1.0
 SERVER_SEES_EOF_S = 1.0
 
 
-def test_preset_event_raises_before_a_byte_is_sent(server: FakeOpenAIServer, llm: LLM) -> None:
+def test_preset_event_raises_before_a_byte_is_sent(server: FakeServer, llm: LLM) -> None:
     event = threading.Event()
     event.set()
     with pytest.raises(GenerationCancelledError) as info:
@@ -48,7 +48,7 @@ def test_wrong_stop_types_are_a_type_error(llm: LLM, bad: object) -> None:
             llm.generate("hi", signal=bad)
 
 
-def test_stop_while_waiting_for_headers(server: FakeOpenAIServer, llm: LLM) -> None:
+def test_stop_while_waiting_for_headers(server: FakeServer, llm: LLM) -> None:
     server.behavior.prefill_delay = 30  # the server is "processing the prompt"
     event = threading.Event()
     set_later(event.set, 0.2)
@@ -63,7 +63,7 @@ def test_stop_while_waiting_for_headers(server: FakeOpenAIServer, llm: LLM) -> N
     assert info.value.cancel_to_stop_ms is not None and info.value.cancel_to_stop_ms < 1000
 
 
-def test_stop_during_non_streaming_body(server: FakeOpenAIServer, llm: LLM) -> None:
+def test_stop_during_non_streaming_body(server: FakeServer, llm: LLM) -> None:
     server.behavior.token_delay = 0.01
     controller = AbortController()
     set_later(controller.abort, 0.3)
@@ -77,7 +77,7 @@ def test_stop_during_non_streaming_body(server: FakeOpenAIServer, llm: LLM) -> N
     assert info.value.partial_text == ""  # non-streaming: nothing arrived, nothing invented
 
 
-def test_stop_mid_stream_keeps_partial_text(server: FakeOpenAIServer, llm: LLM) -> None:
+def test_stop_mid_stream_keeps_partial_text(server: FakeServer, llm: LLM) -> None:
     event = threading.Event()
     received: list[str] = []
     with pytest.raises(GenerationCancelledError) as info:
@@ -124,7 +124,7 @@ def test_stop_during_connect() -> None:
         listener.close()
 
 
-def test_cancel_by_request_id(server: FakeOpenAIServer, llm: LLM) -> None:
+def test_cancel_by_request_id(server: FakeServer, llm: LLM) -> None:
     server.behavior.prefill_delay = 30
     set_later(lambda: llm.cancel("req-42"), 0.2)
     with pytest.raises(GenerationCancelledError) as info:
@@ -134,7 +134,7 @@ def test_cancel_by_request_id(server: FakeOpenAIServer, llm: LLM) -> None:
     assert llm.cancel("req-42") is False  # no longer in flight
 
 
-def test_abort_signal_timeout_reason(server: FakeOpenAIServer, llm: LLM) -> None:
+def test_abort_signal_timeout_reason(server: FakeServer, llm: LLM) -> None:
     server.behavior.prefill_delay = 30
     with pytest.raises(GenerationCancelledError) as info:
         llm.generate("x", signal=AbortSignal.timeout(0.2))
@@ -143,7 +143,7 @@ def test_abort_signal_timeout_reason(server: FakeOpenAIServer, llm: LLM) -> None
     server.wait_for_disconnect(server.last)
 
 
-def test_break_out_of_sync_stream_closes_at_once_without_gc(server: FakeOpenAIServer, llm: LLM) -> None:
+def test_break_out_of_sync_stream_closes_at_once_without_gc(server: FakeServer, llm: LLM) -> None:
     gc.disable()
     try:
         for i, _ in enumerate(llm.stream("x", max_tokens=10_000)):
@@ -158,7 +158,7 @@ def test_break_out_of_sync_stream_closes_at_once_without_gc(server: FakeOpenAISe
     assert llm.in_flight == []
 
 
-def test_stream_context_manager_closes(server: FakeOpenAIServer, llm: LLM) -> None:
+def test_stream_context_manager_closes(server: FakeServer, llm: LLM) -> None:
     with llm.stream("x", max_tokens=10_000) as stream:
         next(stream)
         next(stream)
@@ -166,7 +166,7 @@ def test_stream_context_manager_closes(server: FakeOpenAIServer, llm: LLM) -> No
     assert llm.in_flight == []
 
 
-def test_stream_cancel_method_from_another_thread(server: FakeOpenAIServer, llm: LLM) -> None:
+def test_stream_cancel_method_from_another_thread(server: FakeServer, llm: LLM) -> None:
     stream = llm.stream("x", max_tokens=10_000)
     with pytest.raises(GenerationCancelledError):
         for i, _ in enumerate(stream):
@@ -175,7 +175,7 @@ def test_stream_cancel_method_from_another_thread(server: FakeOpenAIServer, llm:
     server.wait_for_disconnect(server.last)
 
 
-def test_completed_stream_gives_result(server: FakeOpenAIServer, llm: LLM) -> None:
+def test_completed_stream_gives_result(server: FakeServer, llm: LLM) -> None:
     server.behavior.answer = "The capital of France is Paris."
     with llm.stream("capital?") as stream:
         text = "".join(c.delta for c in stream)
@@ -186,7 +186,7 @@ def test_completed_stream_gives_result(server: FakeOpenAIServer, llm: LLM) -> No
     assert result.timings.ttft_ms is not None and result.timings.total_ms is not None
 
 
-def test_unload_stops_in_flight_with_model_eject(server: FakeOpenAIServer, llm: LLM) -> None:
+def test_unload_stops_in_flight_with_model_eject(server: FakeServer, llm: LLM) -> None:
     server.behavior.prefill_delay = 30
     errors: list[BaseException] = []
 

@@ -159,7 +159,8 @@ def test_malformed_frames_keep_partial_text(llm, frame: bytes) -> None:  # type:
             },
             ContextOverflowError,
         ),
-        (400, {"error": "No models loaded. Please load a model"}, InvalidRequestError),
+        (400, {"error": "No models loaded. Please load a model"}, ModelNotFoundError),
+        (400, {"error": "bad field"}, InvalidRequestError),
         (422, {"detail": [{"loc": ["body"], "msg": "bad"}]}, InvalidRequestError),
         (429, {"error": {"message": "slow down"}}, RateLimitError),
         (

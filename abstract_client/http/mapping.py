@@ -35,6 +35,7 @@ _OVERFLOW = re.compile(
     r"exceed_context_size|context window|too many tokens|prompt is too long|exceeds model's maximum",
     re.IGNORECASE,
 )
+_NO_MODEL = re.compile(r"no models? (is |are )?loaded", re.IGNORECASE)
 
 
 def parse_error_body(body: Any) -> tuple[str, str | None, Any] | None:
@@ -88,7 +89,12 @@ def error_from_response(
         n_prompt = error_obj.get("n_prompt_tokens") if isinstance(error_obj, dict) else None
         n_ctx = error_obj.get("n_ctx") if isinstance(error_obj, dict) else None
         return ContextOverflowError(message, n_prompt_tokens=n_prompt, n_ctx=n_ctx, **common)
-    model_flagged = code == "model_not_found" or param == "model" or lowered_type == "model_not_found"
+    model_flagged = (
+        code == "model_not_found"
+        or param == "model"
+        or lowered_type == "model_not_found"
+        or _NO_MODEL.search(message) is not None
+    )
     if model_flagged or (status == 404 and "model" in message.lower()):
         return ModelNotFoundError(message, **common)
     if status == 429:

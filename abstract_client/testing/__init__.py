@@ -6,6 +6,16 @@ per request, when it saw the client disconnect and when it sent each token. See
 """
 
 from ._server import Behavior, ClientGone, FakeServer, RequestRecord
+from .lmstudio import FakeLMStudioServer
+from .ollama import FakeOllamaServer
 from .openai import FakeOpenAIServer
 
-__all__ = ["Behavior", "ClientGone", "FakeOpenAIServer", "FakeServer", "RequestRecord"]
+__all__ = [
+    "Behavior",
+    "ClientGone",
+    "FakeLMStudioServer",
+    "FakeOllamaServer",
+    "FakeOpenAIServer",
+    "FakeServer",
+    "RequestRecord",
+]

@@ -1,0 +1,179 @@
+"""The "llamacpp" lane: llama.cpp's ``llama-server``.
+
+* Chat: ``POST /v1/chat/completions`` (the openai-compatible wire code), with llama-server's
+  ``timings`` mapped to ``GenerateResult.timings``.
+* Raw text completion: ``generate(prompt, raw=True)`` uses the native ``POST /completion``
+  (SSE frames without ``[DONE]``; the last frame has ``"stop": true``), no chat template applied.
+* Stop: llama-server polls each connection about once a second and cancels the task at the next
+  ``n_batch`` boundary when it sees the connection closed (log ``srv stop: cancel task``), so a
+  severed private connection is all it needs. We never send ``X-Conversation-Id``: with it the
+  server keeps generating after a disconnect (resumable streams).
+* Models: single-model servers cannot unload (``NotSupportedError``, after our in-flight calls
+  were stopped); router-mode servers (started without ``-m``) load/unload via ``/models/load``
+  and ``/models/unload``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import anyio
+
+from abstract_client.errors import NotSupportedError, ProviderProtocolError
+from abstract_client.http.wire import json_body, load_frame, raise_for_status, sse_events
+from abstract_client.provider import CallContext, Completion, ModelInfo, UnloadReport
+from abstract_client.types import GenerationRequest, StreamChunk, Usage
+
+from .openai_compatible import OpenAICompatibleProvider, timings_from
+
+_FINISH = {"eos": "stop", "word": "stop", "limit": "length"}
+_FORBIDDEN_HEADERS = {"x-conversation-id"}
+
+
+class LlamaCppProvider(OpenAICompatibleProvider):
+    name = "llamacpp"
+    default_base_url = "http://127.0.0.1:8080"
+    chat_path = "/v1/chat/completions"
+    models_path = "/v1/models"
+    ready_path = "/health"
+
+    def __init__(self, *, base_url: str | None = None, headers: dict[str, str] | None = None, **kw: Any) -> None:
+        if headers and _FORBIDDEN_HEADERS & {h.lower() for h in headers}:
+            raise ValueError("X-Conversation-Id makes llama-server keep generating after a stop; it is refused")
+        root = (base_url or self.default_base_url).rstrip("/")
+        if root.endswith("/v1"):
+            root = root[: -len("/v1")]
+        super().__init__(base_url=root, headers=headers, **kw)
+        self._router: bool | None = None
+
+    # -- raw completion (/completion) -------------------------------------------------------------
+
+    def completion_body(self, request: GenerationRequest, *, stream: bool) -> dict[str, Any]:
+        body: dict[str, Any] = {"prompt": request.prompt or "", "stream": stream, "cache_prompt": True}
+        if request.max_tokens is not None:
+            body["n_predict"] = request.max_tokens
+        if request.temperature is not None:
+            body["temperature"] = request.temperature
+        if request.seed is not None:
+            body["seed"] = request.seed
+        if request.stop:
+            body["stop"] = request.stop
+        body.update(self.options)
+        body.update(request.extra)
+        return body
+
+    def stream(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
+        if request.raw:
+            return self._stream_raw(request, ctx)
+        return self._stream(request, ctx)
+
+    async def _stream_raw(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
+        async with ctx.stream("POST", "/completion", json=self.completion_body(request, stream=True)) as resp:
+            await raise_for_status(resp)
+            async for event in sse_events(resp):
+                frame = load_frame(event.data)
+                if not isinstance(frame, dict):
+                    raise ProviderProtocolError(f"unexpected /completion frame: {event.data[:200]!r}")
+                chunk = _native_chunk(frame)
+                yield chunk
+                if frame.get("stop") is True:
+                    return
+        raise ProviderProtocolError("the /completion stream ended before its final frame (stop: true)")
+
+    async def complete(self, request: GenerationRequest, ctx: CallContext) -> Completion:
+        if not request.raw:
+            return await super().complete(request, ctx)
+        resp = await ctx.request("POST", "/completion", json=self.completion_body(request, stream=False))
+        body = json_body(resp)
+        if not isinstance(body, dict) or not isinstance(body.get("content"), str):
+            raise ProviderProtocolError(f"unexpected /completion body: {str(body)[:200]}")
+        chunk = _native_chunk(body)
+        return Completion(
+            content=chunk.delta,
+            finish_reason=chunk.finish_reason,
+            usage=chunk.usage,
+            timings=chunk.timings,
+            model=chunk.model,
+            raw=body,
+        )
+
+    # -- models ------------------------------------------------------------------------------------
+
+    async def _models_body(self) -> Any:
+        assert self.clients is not None
+        return json_body(await self.clients.get(private=False).get("/models"))
+
+    async def is_router(self) -> bool:
+        """Router mode (started without ``-m``) lists models with a ``status``."""
+        if self._router is None:
+            body = await self._models_body()
+            data = body.get("data") if isinstance(body, dict) else None
+            self._router = bool(data) and all(isinstance(m, dict) and isinstance(m.get("status"), dict) for m in data)
+        return self._router
+
+    async def list_models(self) -> list[ModelInfo]:
+        body = await self._models_body()
+        data = body.get("data") if isinstance(body, dict) else None
+        if not isinstance(data, list):
+            raise ProviderProtocolError(f"unexpected /models body: {str(body)[:200]}")
+        out = []
+        for m in data:
+            if isinstance(m, dict):
+                status = m.get("status")
+                loaded = status.get("value") == "loaded" if isinstance(status, dict) else True
+                out.append(ModelInfo(id=str(m.get("id")), loaded=loaded, raw=m))
+        return out
+
+    async def load_model(self) -> None:
+        if not await self.is_router():
+            return  # single-model mode: the model is loaded for the server's lifetime
+        assert self.clients is not None
+        json_body(await self.clients.get(private=False).post("/models/load", json={"model": self.model}))
+        await self._wait_status("loaded", timeout=300)
+
+    async def unload_model(self) -> UnloadReport:
+        if not await self.is_router():
+            raise NotSupportedError(
+                "a single-model llama-server cannot unload its model (our in-flight calls were stopped); "
+                "start llama-server in router mode (without -m) to load and unload models",
+                provider=self.name,
+                model=self.model,
+            )
+        assert self.clients is not None
+        json_body(await self.clients.get(private=False).post("/models/unload", json={"model": self.model}))
+        await self._wait_status("unloaded", timeout=60)
+        return UnloadReport(server_unloaded=True, detail=f"llama-server router unloaded {self.model}")
+
+    async def _wait_status(self, value: str, timeout: float) -> None:
+        with anyio.move_on_after(timeout):
+            while True:
+                for m in await self.list_models():
+                    status = m.raw.get("status") if isinstance(m.raw, dict) else None
+                    if m.id == self.model and isinstance(status, dict) and status.get("value") == value:
+                        return
+                await anyio.sleep(0.25)
+        raise NotSupportedError(f"model {self.model!r} did not become {value} within {timeout}s", provider=self.name)
+
+
+def _native_chunk(frame: dict[str, Any]) -> StreamChunk:
+    content = frame.get("content", "")
+    if not isinstance(content, str):
+        raise ProviderProtocolError(f"malformed /completion content: {str(content)[:200]}")
+    final = frame.get("stop") is True
+    usage = None
+    if final:
+        prompt, predicted = frame.get("tokens_evaluated"), frame.get("tokens_predicted")
+        usage = Usage(
+            prompt_tokens=prompt if isinstance(prompt, int) else None,
+            completion_tokens=predicted if isinstance(predicted, int) else None,
+        )
+    stop_type = frame.get("stop_type")
+    return StreamChunk(
+        delta=content,
+        finish_reason=_FINISH.get(str(stop_type), "stop") if final else None,
+        usage=usage,
+        timings=timings_from(frame.get("timings")) if final else None,
+        model=frame.get("model") if isinstance(frame.get("model"), str) else None,
+        raw=frame,
+    )

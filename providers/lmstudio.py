@@ -1,0 +1,183 @@
+"""The "lmstudio" lane: LM Studio's ``/v1/chat/completions`` by default; its native
+``/api/v1/chat`` (named SSE events ending with ``chat.end``, no ``[DONE]``) when the caller asks
+for native features (``native=True``, or ``reasoning=...``).
+
+* Errors: LM Studio answers unknown routes with HTTP 200 and an ``error`` body, uses both string
+  and object ``error`` shapes, and says "No models loaded" when nothing is loaded; all are typed.
+* Where the stop takes effect: LM Studio aborts the prediction when the socket closes, but
+  **finishes prompt processing first**: a stop during prefill returns to the caller at once, the
+  server keeps computing until the prompt is done, then stops.
+* Eject: our in-flight calls are stopped first, then every loaded instance of the model is
+  unloaded via ``/api/v1/models/unload``. A "Model unloaded" error that races our own eject is
+  reported as the stop (reason ``model_eject``): the contract reports any failure while a stop is
+  set as the stop, never retried, never a reload.
+* Load: ``/api/v1/models`` is listed first, because loading a loaded model makes a second instance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from abstract_client.errors import ProviderProtocolError
+from abstract_client.http.mapping import error_from_response
+from abstract_client.http.wire import json_body, load_frame, raise_for_status, sse_events
+from abstract_client.provider import CallContext, Completion, ModelInfo, UnloadReport
+from abstract_client.types import GenerationRequest, StreamChunk, Timings, Usage
+
+from .openai_compatible import OpenAICompatibleProvider
+
+
+class LMStudioProvider(OpenAICompatibleProvider):
+    name = "lmstudio"
+    default_base_url = "http://127.0.0.1:1234"
+    chat_path = "/v1/chat/completions"
+    models_path = "/v1/models"
+    ready_path = "/v1/models"
+
+    def __init__(self, *, base_url: str | None = None, **kw: Any) -> None:
+        root = (base_url or self.default_base_url).rstrip("/")
+        if root.endswith("/v1"):
+            root = root[: -len("/v1")]
+        super().__init__(base_url=root, **kw)
+
+    @staticmethod
+    def wants_native(request: GenerationRequest) -> bool:
+        return bool(request.extra.get("native")) or "reasoning" in request.extra
+
+    def native_body(self, request: GenerationRequest, *, stream: bool) -> dict[str, Any]:
+        extra = dict(request.extra)
+        extra.pop("native", None)
+        system = "\n".join(str(m.get("content", "")) for m in request.messages if m.get("role") == "system")
+        turns = [m for m in request.messages if m.get("role") != "system"]
+        if len(turns) > 1:
+            raise ValueError("LM Studio's native chat takes one input; use the /v1 route for multi-turn messages")
+        body: dict[str, Any] = {
+            "model": request.model,
+            "input": turns[-1].get("content", "") if turns else "",
+            "stream": stream,
+        }
+        if system:
+            body["system_prompt"] = system
+        if request.max_tokens is not None:
+            body["max_output_tokens"] = request.max_tokens
+        if request.temperature is not None:
+            body["temperature"] = request.temperature
+        body.update(self.options)
+        body.update(extra)
+        return body
+
+    def stream(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
+        return self._stream_native(request, ctx) if self.wants_native(request) else self._stream(request, ctx)
+
+    async def _stream_native(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
+        async with ctx.stream("POST", "/api/v1/chat", json=self.native_body(request, stream=True)) as resp:
+            await raise_for_status(resp)
+            async for event in sse_events(resp):
+                data = load_frame(event.data)
+                if event.event == "error":
+                    raise error_from_response(200, data if isinstance(data, dict) else {"error": str(data)})
+                if event.event == "message.delta":
+                    yield StreamChunk(delta=str(data.get("content", "")), raw=data)
+                elif event.event == "reasoning.delta":
+                    yield StreamChunk(delta="", raw=data)  # reasoning is kept in raw, not in the answer
+                elif event.event == "chat.end":
+                    yield _final(data.get("result") if isinstance(data, dict) else None, delta="")
+                    return
+        raise ProviderProtocolError("the LM Studio stream ended before chat.end")
+
+    async def complete(self, request: GenerationRequest, ctx: CallContext) -> Completion:
+        if not self.wants_native(request):
+            return await super().complete(request, ctx)
+        body = json_body(await ctx.request("POST", "/api/v1/chat", json=self.native_body(request, stream=False)))
+        chunk = _final(body, delta=None)
+        return Completion(
+            content=chunk.delta,
+            finish_reason=chunk.finish_reason,
+            usage=chunk.usage,
+            timings=chunk.timings,
+            model=chunk.model,
+            raw=body,
+        )
+
+    # -- models ------------------------------------------------------------------------------------
+
+    async def _native_models(self) -> list[dict[str, Any]]:
+        assert self.clients is not None
+        body = json_body(await self.clients.get(private=False).get("/api/v1/models"))
+        models = body.get("models") if isinstance(body, dict) else None
+        if not isinstance(models, list):
+            raise ProviderProtocolError(f"unexpected /api/v1/models body: {str(body)[:200]}")
+        return [m for m in models if isinstance(m, dict)]
+
+    async def instances(self) -> list[str]:
+        """Ids of the loaded instances of this LLM's model."""
+        for m in await self._native_models():
+            if m.get("key") == self.model:
+                return [str(i.get("id")) for i in m.get("loaded_instances") or [] if isinstance(i, dict)]
+        return []
+
+    async def list_models(self) -> list[ModelInfo]:
+        return [
+            ModelInfo(id=str(m.get("key")), loaded=bool(m.get("loaded_instances")), raw=m)
+            for m in await self._native_models()
+        ]
+
+    async def load_model(self) -> None:
+        if await self.instances():
+            return  # already loaded: a second load would make a second instance
+        assert self.clients is not None
+        json_body(await self.clients.get(private=False).post("/api/v1/models/load", json={"model": self.model}))
+
+    async def unload_model(self) -> UnloadReport:
+        assert self.clients is not None
+        ids = await self.instances()
+        for instance_id in ids:
+            json_body(
+                await self.clients.get(private=False).post("/api/v1/models/unload", json={"instance_id": instance_id})
+            )
+        return UnloadReport(
+            server_unloaded=bool(ids), detail=f"lmstudio unloaded {len(ids)} instance(s)", extra={"instances": ids}
+        )
+
+    async def wait_ready(self, timeout: float) -> None:
+        # No health endpoint, and unknown paths answer 200: poll /v1/models and check its shape.
+        import anyio
+
+        assert self.clients is not None
+        client = self.clients.get(private=False)
+        with anyio.fail_after(timeout):
+            while True:
+                try:
+                    body = (await client.get("/v1/models")).json()
+                    if isinstance(body, dict) and isinstance(body.get("data"), list):
+                        return
+                except Exception:
+                    pass
+                await anyio.sleep(0.25)
+
+
+def _final(result: Any, delta: str | None) -> StreamChunk:
+    if not isinstance(result, dict):
+        raise ProviderProtocolError(f"unexpected LM Studio result: {str(result)[:200]}")
+    stats = result.get("stats") or {}
+    text = "".join(
+        str(o.get("content", ""))
+        for o in result.get("output") or []
+        if isinstance(o, dict) and o.get("type") == "message"
+    )
+    n_in, n_out = stats.get("input_tokens"), stats.get("total_output_tokens")
+    ttft = stats.get("time_to_first_token_seconds")
+    return StreamChunk(
+        delta=text if delta is None else delta,
+        finish_reason="stop",
+        usage=Usage(
+            prompt_tokens=n_in if isinstance(n_in, int) else None,
+            completion_tokens=n_out if isinstance(n_out, int) else None,
+        ),
+        timings=Timings(
+            ttft_ms=ttft * 1000 if isinstance(ttft, (int, float)) else None, tokens_per_s=stats.get("tokens_per_second")
+        ),
+        model=result.get("model_instance_id"),
+        raw=result,
+    )

@@ -1,0 +1,202 @@
+"""The "ollama" lane: Ollama's native ``/api/chat`` and ``/api/generate`` (NDJSON).
+
+* ``stream`` is always sent explicitly (Ollama streams unless told not to).
+* Options: ``max_tokens`` → ``num_predict``, ``temperature``, ``seed``, ``stop``, and
+  ``num_ctx``/anything in ``options=`` passed through; ``keep_alive``/``format``/``think`` too.
+* The final object's ``done_reason``, ``prompt_eval_count``, ``eval_count`` and nanosecond
+  durations become ``finish_reason``, usage and timings (ms).
+* ``raw=True`` with a plain prompt uses ``/api/generate`` with ``raw: true`` (no template).
+* ``use_openai_api=True`` uses Ollama's ``/v1/chat/completions`` instead (the openai wire code).
+* Where the stop takes effect: Ollama ≥ 0.30 proxies to llama-server, so a closed connection
+  stops streaming, non-streaming and prefill (at the next batch). Before 0.30 the Go runner
+  finishes prompt evaluation first: the caller gets the stop at once, the server keeps computing
+  until the prompt is done, then stops before the first token.
+* Eject: our in-flight calls are stopped first (Ollama would otherwise wait for them), then
+  ``keep_alive: 0``, then ``/api/ps`` is polled until the model is gone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import anyio
+
+from abstract_client.errors import ProviderProtocolError, ServerUnavailableError
+from abstract_client.http.wire import json_body, ndjson_objects, poll_until_ready, raise_for_status, raise_if_error
+from abstract_client.provider import CallContext, Completion, ModelInfo, UnloadReport
+from abstract_client.types import GenerationRequest, StreamChunk, Timings, Usage
+
+from .openai_compatible import OpenAICompatibleProvider
+
+_PASSTHROUGH = ("keep_alive", "format", "think", "tools", "truncate", "images", "suffix", "system", "template")
+
+
+class OllamaProvider(OpenAICompatibleProvider):
+    name = "ollama"
+    default_base_url = "http://127.0.0.1:11434"
+    chat_path = "/v1/chat/completions"
+    models_path = "/v1/models"
+    ready_path = "/"
+
+    def __init__(
+        self, *, base_url: str | None = None, use_openai_api: bool = False, unload_poll_timeout: float = 30.0, **kw: Any
+    ) -> None:
+        root = (base_url or self.default_base_url).rstrip("/")
+        if root.endswith("/v1"):
+            root = root[: -len("/v1")]
+        super().__init__(base_url=root, **kw)
+        self.use_openai_api = use_openai_api
+        self.unload_poll_timeout = unload_poll_timeout
+
+    def native_body(self, request: GenerationRequest, *, stream: bool) -> tuple[str, dict[str, Any]]:
+        extra = dict(request.extra)
+        options: dict[str, Any] = dict(extra.pop("options", None) or {})
+        if request.max_tokens is not None:
+            options["num_predict"] = request.max_tokens
+        if request.temperature is not None:
+            options["temperature"] = request.temperature
+        if request.seed is not None:
+            options["seed"] = request.seed
+        if request.stop:
+            options["stop"] = request.stop
+        for key in ("num_ctx", "top_k", "top_p", "min_p", "repeat_penalty"):
+            if key in extra:
+                options[key] = extra.pop(key)
+        body: dict[str, Any] = {"model": request.model, "stream": stream}
+        if request.raw:
+            path = "/api/generate"
+            body.update(prompt=request.prompt or "", raw=True)
+        else:
+            path = "/api/chat"
+            body["messages"] = request.messages
+        if options:
+            body["options"] = options
+        for key in _PASSTHROUGH:
+            if key in extra:
+                body[key] = extra.pop(key)
+        body.update(self.options)
+        body.update(extra)
+        return path, body
+
+    def stream(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
+        if self.use_openai_api and not request.raw:
+            return self._stream(request, ctx)
+        return self._stream_native(request, ctx)
+
+    async def _stream_native(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
+        path, body = self.native_body(request, stream=True)
+        async with ctx.stream("POST", path, json=body) as resp:
+            await raise_for_status(resp)
+            async for obj in ndjson_objects(resp):
+                raise_if_error(obj)
+                chunk = _chunk(obj)
+                yield chunk
+                if obj.get("done") is True:
+                    return
+        raise ProviderProtocolError("the Ollama stream ended before its final object (done: true)")
+
+    async def complete(self, request: GenerationRequest, ctx: CallContext) -> Completion:
+        if self.use_openai_api and not request.raw:
+            return await super().complete(request, ctx)
+        path, body = self.native_body(request, stream=False)
+        obj = json_body(await ctx.request("POST", path, json=body))
+        raise_if_error(obj)
+        chunk = _chunk(obj)
+        return Completion(
+            content=chunk.delta,
+            finish_reason=chunk.finish_reason,
+            usage=chunk.usage,
+            timings=chunk.timings,
+            model=chunk.model,
+            raw=obj,
+        )
+
+    # -- models ------------------------------------------------------------------------------------
+
+    async def _get(self, path: str) -> Any:
+        assert self.clients is not None
+        return json_body(await self.clients.get(private=False).get(path))
+
+    async def _post(self, path: str, body: dict[str, Any]) -> Any:
+        assert self.clients is not None
+        return json_body(await self.clients.get(private=False).post(path, json=body))
+
+    async def list_models(self) -> list[ModelInfo]:
+        tags, ps = await self._get("/api/tags"), await self._get("/api/ps")
+        loaded = {m.get("name") for m in ps.get("models", []) if isinstance(m, dict)}
+        return [
+            ModelInfo(id=str(m.get("name")), loaded=m.get("name") in loaded, raw=m)
+            for m in tags.get("models", [])
+            if isinstance(m, dict)
+        ]
+
+    async def loaded_models(self) -> list[str]:
+        ps = await self._get("/api/ps")
+        return [str(m.get("name")) for m in ps.get("models", []) if isinstance(m, dict)]
+
+    async def show(self) -> Any:
+        return await self._post("/api/show", {"model": self.model})
+
+    async def version(self) -> str:
+        return str((await self._get("/api/version")).get("version"))
+
+    async def load_model(self) -> None:
+        obj = await self._post("/api/chat", {"model": self.model, "messages": [], "stream": False})
+        raise_if_error(obj)
+
+    async def unload_model(self) -> UnloadReport:
+        obj = await self._post("/api/chat", {"model": self.model, "messages": [], "keep_alive": 0, "stream": False})
+        raise_if_error(obj)
+        with anyio.move_on_after(self.unload_poll_timeout):
+            while self.model in await self.loaded_models():
+                await anyio.sleep(0.1)
+            return UnloadReport(server_unloaded=True, detail=f"ollama unloaded {self.model}")
+        raise ServerUnavailableError(
+            f"{self.model} still listed by /api/ps {self.unload_poll_timeout}s after keep_alive: 0 "
+            "(another client may still be using it)",
+            provider=self.name,
+            model=self.model,
+        )
+
+    async def wait_ready(self, timeout: float) -> None:
+        assert self.clients is not None
+        await poll_until_ready(self.clients.get(private=False), "/", timeout, provider=self.name)
+
+
+def _chunk(obj: Any) -> StreamChunk:
+    if not isinstance(obj, dict):
+        raise ProviderProtocolError(f"unexpected Ollama object: {str(obj)[:200]}")
+    message = obj.get("message")
+    content = message.get("content", "") if isinstance(message, dict) else obj.get("response", "")
+    if not isinstance(content, str):
+        raise ProviderProtocolError(f"malformed Ollama content: {str(content)[:200]}")
+    done = obj.get("done") is True
+    usage = timings = None
+    if done:
+
+        def ms(key: str) -> float | None:
+            v = obj.get(key)
+            return v / 1e6 if isinstance(v, (int, float)) else None
+
+        n_prompt, n_eval = obj.get("prompt_eval_count"), obj.get("eval_count")
+        usage = Usage(
+            prompt_tokens=n_prompt if isinstance(n_prompt, int) else None,
+            completion_tokens=n_eval if isinstance(n_eval, int) else None,
+        )
+        prompt_ms, eval_ms = ms("prompt_eval_duration"), ms("eval_duration")
+        timings = Timings(
+            prompt_ms=prompt_ms,
+            predicted_ms=eval_ms,
+            prompt_tokens_per_s=(n_prompt / prompt_ms * 1000) if isinstance(n_prompt, int) and prompt_ms else None,
+            tokens_per_s=(n_eval / eval_ms * 1000) if isinstance(n_eval, int) and eval_ms else None,
+        )
+    reason = obj.get("done_reason")
+    return StreamChunk(
+        delta=content,
+        finish_reason=(reason if isinstance(reason, str) else "stop") if done else None,
+        usage=usage,
+        timings=timings,
+        model=obj.get("model") if isinstance(obj.get("model"), str) else None,
+        raw=obj,
+    )

@@ -1,0 +1,204 @@
+"""The llamacpp lane against a REAL llama-server and a real model (SmolLM2-135M-Instruct).
+
+The stop is proven by the server's own evidence: its log's ``cancel task`` line, ``/slots``
+going idle within 2 s, and the decoded-token count no longer growing. If the binary or the model
+is missing, these tests FAIL with the reason (run ``scripts/get_llama_server.sh`` and
+``scripts/get_model.py``; ``.ci/run`` does both).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import anyio
+import pytest
+
+from abstract_client import (
+    LLM,
+    AbortController,
+    GenerationCancelledError,
+    NotSupportedError,
+    create_llm,
+)
+from abstract_client.testing.processes import LlamaServer, llama_server_binary, smollm2_gguf
+
+pytestmark = pytest.mark.llamacpp
+
+CAPITAL = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
+    binary, model = llama_server_binary(), smollm2_gguf()
+    if binary is None or model is None:
+        pytest.fail(
+            "llama-server or the SmolLM2 GGUF is missing: run scripts/get_llama_server.sh and "
+            "scripts/get_model.py (.ci/run does)"
+        )
+    server = LlamaServer.launch(binary, model, log_path=tmp_path_factory.mktemp("llama") / "server.log")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def lm(llama: LlamaServer) -> Iterator[LLM]:
+    assert llama.wait_idle(10), "a previous test left the slot busy"
+    client = create_llm("llamacpp", "smollm2", base_url=llama.url, max_retries=0)
+    yield client
+    client.close()
+
+
+def long_prompt(words: int = 3000) -> str:
+    return "Summarise this text. " + " ".join(f"word{i % 97}" for i in range(words))
+
+
+def assert_server_stopped(llama: LlamaServer, cancels_before: int) -> None:
+    """The server's own evidence: a new ``cancel task`` log line, the slot idle within 2 s, and
+    the decoded-token count frozen."""
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline and len(llama.cancelled_tasks()) <= cancels_before:
+        time.sleep(0.02)
+    assert len(llama.cancelled_tasks()) > cancels_before, "no 'cancel task' in llama-server's log:\n" + llama.log_tail()
+    assert llama.wait_idle(2.0), f"slot still processing: {llama.slots()}"
+    decoded = llama.n_decoded()
+    time.sleep(0.5)
+    assert llama.n_decoded() == decoded
+
+
+def test_generate_real_answer_with_usage_and_timings(lm: LLM) -> None:
+    result = lm.generate(messages=CAPITAL, max_tokens=30, temperature=0)
+    assert "Paris" in result.content
+    assert result.usage is not None and result.usage.prompt_tokens and result.usage.completion_tokens
+    assert result.timings.predicted_ms is not None and result.timings.tokens_per_s
+    assert result.timings.total_ms is not None
+
+
+def test_stream_real_answer(lm: LLM) -> None:
+    with lm.stream(messages=CAPITAL, max_tokens=30, temperature=0) as stream:
+        text = "".join(chunk.delta for chunk in stream)
+    assert "Paris" in text
+    result = stream.result()
+    assert result.finish_reason in ("stop", "length")
+    assert result.usage is not None and result.usage.completion_tokens
+
+
+def test_raw_completion_native_endpoint(lm: LLM) -> None:
+    result = lm.generate("The capital of France is", raw=True, max_tokens=8, temperature=0)
+    assert result.content and result.usage is not None and result.usage.completion_tokens == 8
+    assert result.finish_reason == "length"
+    chunks = list(lm.stream("The capital of France is", raw=True, max_tokens=8, temperature=0))
+    assert "".join(c.delta for c in chunks) == result.content
+
+
+def test_stop_mid_stream(lm: LLM, llama: LlamaServer) -> None:
+    before = len(llama.cancelled_tasks())
+    event = threading.Event()
+    n = 0
+    with pytest.raises(GenerationCancelledError) as info:
+        for chunk in lm.stream("Write a very long story about a dragon.", max_tokens=2000, cancel_event=event):
+            n += bool(chunk.delta)
+            if n == 10:
+                t0 = time.perf_counter()
+                event.set()
+    assert time.perf_counter() - t0 < 0.5
+    assert info.value.generated_tokens >= 10 and info.value.partial_text
+    assert_server_stopped(llama, before)
+
+
+def test_stop_non_streaming(lm: LLM, llama: LlamaServer) -> None:
+    before = len(llama.cancelled_tasks())
+    event = threading.Event()
+    threading.Timer(1.0, event.set).start()
+    t0 = time.perf_counter()
+    with pytest.raises(GenerationCancelledError):
+        lm.generate("Write a very long story about a dragon.", max_tokens=2000, cancel_event=event)
+    assert time.perf_counter() - t0 < 1.5
+    assert_server_stopped(llama, before)
+
+
+def test_stop_during_prefill_of_a_long_prompt(lm: LLM, llama: LlamaServer) -> None:
+    before = len(llama.cancelled_tasks())
+    controller = AbortController()
+    threading.Timer(1.0, controller.abort).start()
+    with pytest.raises(GenerationCancelledError) as info:
+        for _ in lm.stream(long_prompt(), max_tokens=50, signal=controller.signal):
+            pytest.fail("a token arrived: the prompt was not still being processed")
+    assert info.value.partial_text == ""
+    assert_server_stopped(llama, before)
+    # it stopped mid-prompt: the log shows prompt progress below 100% before the cancel
+    assert "cancel task" in llama.log_text()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_abort_controller_async(lm: LLM, llama: LlamaServer, anyio_backend: str) -> None:
+    before = len(llama.cancelled_tasks())
+    controller = AbortController()
+    with pytest.raises(GenerationCancelledError):
+        async with lm.astream("Tell me a long story.", max_tokens=2000, signal=controller.signal) as stream:
+            n = 0
+            async for chunk in stream:
+                n += bool(chunk.delta)
+                if n == 5:
+                    controller.abort()
+    await anyio.to_thread.run_sync(assert_server_stopped, llama, before)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_asyncio_task_cancellation(lm: LLM, llama: LlamaServer, anyio_backend: str) -> None:
+    import asyncio
+
+    before = len(llama.cancelled_tasks())
+    task = asyncio.ensure_future(lm.agenerate("Tell me a long story.", max_tokens=2000))
+    await asyncio.sleep(1.0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.to_thread(assert_server_stopped, llama, before)
+
+
+def test_stop_is_never_retried(llama: LlamaServer) -> None:
+    lm = create_llm("llamacpp", "smollm2", base_url=llama.url, max_retries=5)
+    with lm:
+        before_log = llama.log_text()
+        controller = AbortController()
+        threading.Timer(0.7, controller.abort).start()
+        with pytest.raises(GenerationCancelledError):
+            lm.generate("Tell me a long story.", max_tokens=2000, signal=controller.signal)
+        time.sleep(1.5)
+        new_log = llama.log_text()[len(before_log) :]
+    assert new_log.count("launch_slot_") + new_log.count("slot launch_slot") <= 1 or new_log.count("new prompt") <= 1, (
+        new_log[-2000:]
+    )
+    assert len(LlamaServer.CANCEL.findall(new_log)) == 1
+
+
+def test_unload_single_model_is_typed_not_supported(lm: LLM) -> None:
+    with pytest.raises(NotSupportedError):
+        lm.unload_model(drain_timeout=5)
+    assert "Paris" in lm.generate(messages=CAPITAL, max_tokens=30, temperature=0).content  # still usable
+
+
+def test_list_models_and_wait_ready(lm: LLM) -> None:
+    lm.wait_ready(10)
+    models = lm.list_models()
+    assert len(models) == 1 and models[0].id
+
+
+def test_context_overflow_is_typed(llama: LlamaServer) -> None:
+    from abstract_client import ContextOverflowError
+
+    with (
+        create_llm("llamacpp", "smollm2", base_url=llama.url, max_retries=0) as lm,
+        pytest.raises(ContextOverflowError) as info,
+    ):
+        lm.generate(long_prompt(12000), max_tokens=10)
+    assert info.value.n_ctx and info.value.n_prompt_tokens and info.value.n_prompt_tokens > info.value.n_ctx
+
+
+def test_never_sends_conversation_id(llama: LlamaServer) -> None:
+    with pytest.raises(ValueError):
+        create_llm("llamacpp", base_url=llama.url, headers={"X-Conversation-Id": "c1"})
