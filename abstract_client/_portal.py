@@ -12,7 +12,10 @@ import concurrent.futures
 import logging
 import threading
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from .stop import StopToken
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -52,16 +55,30 @@ class Portal:
         self,
         fn: Callable[[], Coroutine[Any, Any, T]],
         on_interrupt: Callable[[], object] | None = None,
+        stop: StopToken | None = None,
+        stopped_error: Callable[[], BaseException] | None = None,
     ) -> T:
-        """Run ``fn()`` on the loop thread and return its result, raising its exception."""
+        """Run ``fn()`` on the loop thread and return its result, raising its exception.
+
+        With ``stop``/``stopped_error``: the moment the stop is requested, the waiting thread is
+        woken by the stop hook itself and raises ``stopped_error()`` (the contract's error, with
+        the partial text) without waiting for the loop to finish unwinding — the hooks have
+        already severed the connection; the loop closes the rest behind it.
+        """
         loop = self.loop
         if threading.current_thread() is self._thread:
             raise RuntimeError("the sync API cannot be called from its own event loop thread")
         future: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(fn(), loop)
+        wake = threading.Event()
+        future.add_done_callback(lambda _: wake.set())
+        remove = stop.add_hook(wake.set) if stop is not None and stopped_error is not None else None
         try:
+            wake.wait()
+            if not future.done() and stop is not None and stopped_error is not None and not stop.internal:
+                raise stopped_error()
             return future.result()
         except BaseException:
-            if future.done():
+            if future.done() or (stop is not None and stop.is_set and not stop.internal):
                 raise
             # Interrupted while waiting (Ctrl-C): stop the call, let it unwind, then propagate.
             if on_interrupt is not None:
@@ -71,6 +88,9 @@ class Portal:
             except BaseException:
                 pass
             raise
+        finally:
+            if remove is not None:
+                remove()
 
     def submit(self, fn: Callable[[], Coroutine[Any, Any, Any]]) -> None:
         """Fire and forget (cleanup from ``__del__``)."""

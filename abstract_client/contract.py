@@ -211,6 +211,11 @@ def _attach(call: Call, err: AbstractClientError) -> AbstractClientError:
     return err
 
 
+def stopped_error(call: Call) -> GenerationCancelledError:
+    """The error a waiting sync caller raises the moment its stop is requested (rule 8 applies)."""
+    return _cancelled(call)
+
+
 def _cancelled(call: Call) -> GenerationCancelledError:
     token = call.token
     elapsed = None if token.stopped_at is None else (time.perf_counter() - token.stopped_at) * 1000
@@ -334,6 +339,10 @@ class GenerationStream:
     def text(self) -> str:
         """Everything received so far."""
         return self._call.text
+
+    @property
+    def call(self) -> Call:
+        return self._call
 
     def cancel(self, reason: Any = "user") -> None:
         """Stop this stream from any thread; the consumer gets ``GenerationCancelledError``."""

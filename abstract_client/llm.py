@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 
 from ._portal import Portal, portal
-from .contract import Call, GenerationStream, run_generation
+from .contract import Call, GenerationStream, run_generation, stopped_error
 from .errors import AbstractClientError, ModelBusyError, StopReason
 from .http.retry import RetryPolicy
 from .provider import ModelInfo, Provider, UnloadReport
@@ -144,7 +144,12 @@ class LLM:
             stream=False,
             extra=extra,
         )
-        return self._portal.run(lambda: run_generation(call), on_interrupt=call.token.stop)
+        return self._portal.run(
+            lambda: run_generation(call),
+            on_interrupt=call.token.stop,
+            stop=call.token,
+            stopped_error=lambda: stopped_error(call),
+        )
 
     async def agenerate(
         self,

@@ -9,7 +9,7 @@ is in a reference cycle).
 from __future__ import annotations
 
 from ._portal import Portal
-from .contract import GenerationStream
+from .contract import GenerationStream, stopped_error
 from .types import GenerateResult, StreamChunk
 
 
@@ -17,6 +17,7 @@ class SyncGenerationStream:
     def __init__(self, inner: GenerationStream, portal: Portal) -> None:
         self._inner = inner
         self._portal = portal
+        self._stopped = False
 
     def __repr__(self) -> str:
         return repr(self._inner).replace("GenerationStream", "SyncGenerationStream")
@@ -41,10 +42,18 @@ class SyncGenerationStream:
 
     def __next__(self) -> StreamChunk:
         inner = self._inner
+        if self._stopped:
+            raise StopIteration
+        call = inner.call
         try:
-            return self._portal.run(inner.__anext__, on_interrupt=inner.cancel)
+            return self._portal.run(
+                inner.__anext__, on_interrupt=inner.cancel, stop=call.token, stopped_error=lambda: stopped_error(call)
+            )
         except StopAsyncIteration:
             raise StopIteration from None
+        except BaseException:
+            self._stopped = True
+            raise
 
     def close(self) -> None:
         self._portal.run(self._inner.aclose)

@@ -26,7 +26,12 @@ from abstract_client.testing.processes import LlamaServer, llama_server_binary, 
 
 pytestmark = pytest.mark.llamacpp
 
-CAPITAL = [{"role": "user", "content": "What is the capital of France?"}]
+# SmolLM2's template adds its own default system prompt when none is given, and with that one the
+# 135M model rambles in French; any plain system prompt gets "The capital of France is Paris."
+CAPITAL = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "What is the capital of France?"},
+]
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +55,7 @@ def lm(llama: LlamaServer) -> Iterator[LLM]:
     client.close()
 
 
-def long_prompt(words: int = 3000) -> str:
+def long_prompt(words: int = 2000) -> str:
     return "Summarise this text. " + " ".join(f"word{i % 97}" for i in range(words))
 
 
@@ -170,9 +175,7 @@ def test_stop_is_never_retried(llama: LlamaServer) -> None:
             lm.generate("Tell me a long story.", max_tokens=2000, signal=controller.signal)
         time.sleep(1.5)
         new_log = llama.log_text()[len(before_log) :]
-    assert new_log.count("launch_slot_") + new_log.count("slot launch_slot") <= 1 or new_log.count("new prompt") <= 1, (
-        new_log[-2000:]
-    )
+    assert new_log.count("processing task") == 1, new_log[-2000:]  # one task: never retried
     assert len(LlamaServer.CANCEL.findall(new_log)) == 1
 
 

@@ -9,6 +9,7 @@ from ._server import Behavior, ClientGone, FakeServer, RequestRecord
 from .lmstudio import FakeLMStudioServer
 from .ollama import FakeOllamaServer
 from .openai import FakeOpenAIServer
+from .subprocess_fake import SubprocessFake
 
 __all__ = [
     "Behavior",
@@ -18,4 +19,5 @@ __all__ = [
     "FakeOpenAIServer",
     "FakeServer",
     "RequestRecord",
+    "SubprocessFake",
 ]

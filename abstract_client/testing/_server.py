@@ -11,6 +11,7 @@ clock). Every token written is timestamped too, so a test can count tokens sent 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import select
@@ -337,6 +338,9 @@ class FakeServer:
                 if parsed is None:
                     return
                 method, target, headers, raw = parsed
+                if target.startswith("/_fake/"):
+                    self._control(conn, method, target, raw)
+                    continue
                 try:
                     body = json.loads(raw) if raw else None
                 except ValueError:
@@ -372,6 +376,25 @@ class FakeServer:
                 self._conns.discard(sock)
             with contextlib.suppress(OSError):
                 sock.close()
+
+    def _control(self, conn: Conn, method: str, target: str, raw: bytes) -> None:
+        """Out-of-process control: ``GET /_fake/records``, ``POST /_fake/behavior`` (knobs as
+        JSON), ``POST /_fake/inject`` (``{"fault", "count"}``). Not recorded as requests."""
+        body = json.loads(raw) if raw else {}
+        if method == "GET" and target == "/_fake/records":
+            with self._lock:
+                records = [dataclasses.asdict(r) for r in self.records]
+            conn.send_json(200, {"records": records, "connections": self.connections})
+        elif method == "POST" and target == "/_fake/behavior":
+            for key, value in body.items():
+                if hasattr(self.behavior, key):
+                    setattr(self.behavior, key, value)
+            conn.send_json(200, dataclasses.asdict(self.behavior))
+        elif method == "POST" and target == "/_fake/inject":
+            self.inject(str(body["fault"]), int(body.get("count", 1)))
+            conn.send_json(200, {"ok": True})
+        else:
+            conn.send_json(404, {"error": "unknown control route"})
 
     def not_found(self, conn: Conn, method: str, path: str) -> None:
         conn.send_json(404, {"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}})
