@@ -109,7 +109,10 @@ class LlamaCppProvider(OpenAICompatibleProvider):
         if self._router is None:
             body = await self._models_body()
             data = body.get("data") if isinstance(body, dict) else None
-            self._router = bool(data) and all(isinstance(m, dict) and isinstance(m.get("status"), dict) for m in data)
+            entries = data if isinstance(data, list) else []
+            self._router = bool(entries) and all(
+                isinstance(m, dict) and isinstance(m.get("status"), dict) for m in entries
+            )
         return self._router
 
     async def list_models(self) -> list[ModelInfo]:
