@@ -86,6 +86,7 @@ class Call:
             private=self.private,
             clients=self.provider.clients,
             connect_timeout=self.timeout.connect,
+            on_chunk=lambda chunk: _record(self, chunk),
         )
         self.provider.bind_stop(self.token)
 

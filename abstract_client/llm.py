@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from typing import Any
 
@@ -282,6 +283,7 @@ class LLM:
         for them to drain, then the lane's own unload. The LLM stays usable afterwards."""
         self._ejecting.set()
         try:
+            started = time.monotonic()
             stopped = self._inflight.cancel_all("model_eject")
             if not await self._inflight.wait_empty_async(drain_timeout):
                 raise ModelBusyError(
@@ -289,7 +291,8 @@ class LLM:
                     provider=self.provider.name,
                     model=self.provider.model,
                 )
-            report = await self.provider.unload_model()
+            remaining = max(0.0, drain_timeout - (time.monotonic() - started))
+            report = await self.provider.unload_model(drain_timeout=remaining)
             report.stopped_requests = stopped
             log.info("%s: unloaded %s (%d call(s) stopped)", self.provider.name, self.provider.model, stopped)
             return report

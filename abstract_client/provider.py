@@ -9,7 +9,7 @@ private, severable connection when the call needs one.
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -41,6 +41,13 @@ class CallContext:
     private: bool
     clients: HttpClients | None = None
     connect_timeout: float | None = 10.0
+    on_chunk: Callable[[StreamChunk], None] | None = None
+
+    def report(self, chunk: StreamChunk) -> None:
+        """For ``complete()`` of engines that produce text piecewise: record progress so that a
+        stop of a non-streaming call still keeps the partial text and token count."""
+        if self.on_chunk is not None:
+            self.on_chunk(chunk)
 
     def http(self) -> httpx.AsyncClient:
         """The HTTP client for this call on the current event loop (private or pooled)."""
@@ -103,7 +110,7 @@ class Provider(abc.ABC):
     async def load_model(self) -> None:
         raise NotSupportedError(f"{self.name} cannot load models", provider=self.name)
 
-    async def unload_model(self) -> UnloadReport:
+    async def unload_model(self, *, drain_timeout: float = 30.0) -> UnloadReport:
         """Server-side (or in-process) unload, called after in-flight calls were drained."""
         return UnloadReport(detail=f"{self.name}: no server-side unload; in-flight calls stopped")
 

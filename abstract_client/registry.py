@@ -26,6 +26,7 @@ _BUILTIN: dict[str, str] = {
     "llamacpp": "providers.llamacpp:LlamaCppProvider",
     "ollama": "providers.ollama:OllamaProvider",
     "lmstudio": "providers.lmstudio:LMStudioProvider",
+    "mlx": "providers.mlx:MLXProvider",
 }
 _registered: dict[str, Callable[..., Provider]] = {}
 

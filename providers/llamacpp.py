@@ -135,7 +135,7 @@ class LlamaCppProvider(OpenAICompatibleProvider):
         json_body(await self.clients.get(private=False).post("/models/load", json={"model": self.model}))
         await self._wait_status("loaded", timeout=300)
 
-    async def unload_model(self) -> UnloadReport:
+    async def unload_model(self, *, drain_timeout: float = 30.0) -> UnloadReport:
         if not await self.is_router():
             raise NotSupportedError(
                 "a single-model llama-server cannot unload its model (our in-flight calls were stopped); "

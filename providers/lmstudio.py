@@ -129,7 +129,7 @@ class LMStudioProvider(OpenAICompatibleProvider):
         assert self.clients is not None
         json_body(await self.clients.get(private=False).post("/api/v1/models/load", json={"model": self.model}))
 
-    async def unload_model(self) -> UnloadReport:
+    async def unload_model(self, *, drain_timeout: float = 30.0) -> UnloadReport:
         assert self.clients is not None
         ids = await self.instances()
         for instance_id in ids:

@@ -145,7 +145,7 @@ class OllamaProvider(OpenAICompatibleProvider):
         obj = await self._post("/api/chat", {"model": self.model, "messages": [], "stream": False})
         raise_if_error(obj)
 
-    async def unload_model(self) -> UnloadReport:
+    async def unload_model(self, *, drain_timeout: float = 30.0) -> UnloadReport:
         obj = await self._post("/api/chat", {"model": self.model, "messages": [], "keep_alive": 0, "stream": False})
         raise_if_error(obj)
         with anyio.move_on_after(self.unload_poll_timeout):

