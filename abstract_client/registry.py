@@ -27,6 +27,7 @@ _BUILTIN: dict[str, str] = {
     "ollama": "providers.ollama:OllamaProvider",
     "lmstudio": "providers.lmstudio:LMStudioProvider",
     "mlx": "providers.mlx:MLXProvider",
+    "vllm": "providers.vllm:VLLMProvider",
 }
 _registered: dict[str, Callable[..., Provider]] = {}
 

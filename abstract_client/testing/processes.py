@@ -167,6 +167,88 @@ class LlamaServer(ServerProcess):
         return total
 
 
+class VLLMServer(ServerProcess):
+    """vLLM's OpenAI-compatible server on the CPU, small chunks so prefill aborts in small steps."""
+
+    @classmethod
+    def launch(
+        cls,
+        python: str | Path,
+        model_dir: str | Path,
+        *,
+        log_path: Path,
+        served_name: str = "smollm2",
+        max_model_len: int = 2048,
+        ready_timeout: float = 420,
+    ) -> VLLMServer:
+        port = free_port()
+        argv = [
+            str(python),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(model_dir),
+            "--served-model-name",
+            served_name,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--max-model-len",
+            str(max_model_len),
+            "--max-num-batched-tokens",
+            "64",
+            "--max-num-seqs",
+            "4",
+            "--dtype",
+            "bfloat16",
+            "--gpu-memory-utilization",
+            "0.3",
+        ]
+        env = {
+            **os.environ,
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+        }
+        server = cls(argv, port, log_path, env=env)
+        server.start(ready_timeout)
+        return server
+
+    def metrics(self) -> dict[str, float]:
+        """Prometheus samples from ``/metrics``, summed over labels, by metric name."""
+        out: dict[str, float] = {}
+        for line in self.get_text("/metrics").splitlines():
+            if not line or line.startswith("#"):
+                continue
+            name_labels, _, value = line.rpartition(" ")
+            name = name_labels.split("{", 1)[0]
+            with contextlib.suppress(ValueError):
+                out[name] = out.get(name, 0.0) + float(value)
+        return out
+
+    def running(self) -> float:
+        return self.metrics().get("vllm:num_requests_running", 0.0)
+
+    def generation_tokens(self) -> float:
+        return self.metrics().get("vllm:generation_tokens_total", 0.0)
+
+    def prompt_tokens(self) -> float:
+        return self.metrics().get("vllm:prompt_tokens_total", 0.0)
+
+
+def vllm_environment() -> tuple[Path, Path] | None:
+    """(python, model_dir) prepared by scripts/get_vllm.sh, if present."""
+    base = cache_dir()
+    pythons = sorted(base.glob("vllm-*/bin/python"))
+    model = base / "models" / "SmolLM2-135M-Instruct-hf"
+    if not pythons or not (model / ".complete").exists() or not (pythons[-1].parent.parent / ".complete").exists():
+        return None
+    return pythons[-1], model
+
+
 def llama_server_binary() -> Path | None:
     env = os.environ.get("LLAMA_SERVER")
     if env and Path(env).is_file():

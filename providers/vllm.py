@@ -1,0 +1,137 @@
+"""The "vllm" lane: vLLM's OpenAI-compatible server (``/v1/chat/completions``, ``/v1/completions``).
+
+* vLLM's sampling and structured-output extras go into the request body as given:
+  ``top_k``, ``min_p``, ``repetition_penalty``, ``structured_outputs``, ``response_format``,
+  ``chat_template_kwargs`` (and ``json_schema=`` as a shortcut for a JSON-schema
+  ``response_format``); usage comes from ``stream_options.include_usage``.
+* ``raw=True`` with a plain prompt uses ``/v1/completions`` (no chat template).
+* Errors: both the object and the older flat error shape; the ``[DONE]`` that follows an error
+  frame is never reached (the error frame raises); unknown model → ``ModelNotFoundError``;
+  "maximum context length" → ``ContextOverflowError``.
+* Stop: vLLM aborts the request when the connection closes — streaming, non-streaming and during
+  (chunked) prefill, at the next engine step.
+* Readiness: connection refused while loading, then ``/health`` 200. One model per process, so
+  ``unload_model`` stops our in-flight calls and raises ``NotSupportedError``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from abstract_client.errors import NotSupportedError, ProviderProtocolError
+from abstract_client.http.wire import json_body, load_frame, poll_until_ready, raise_for_status, sse_events
+from abstract_client.provider import CallContext, Completion, UnloadReport
+from abstract_client.types import GenerationRequest, StreamChunk
+
+from .openai_compatible import OpenAICompatibleProvider, usage_from
+
+VLLM_EXTRAS = (
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "structured_outputs",
+    "response_format",
+    "chat_template_kwargs",
+    "ignore_eos",
+    "min_tokens",
+    "priority",
+)
+
+
+class VLLMProvider(OpenAICompatibleProvider):
+    name = "vllm"
+    default_base_url = "http://127.0.0.1:8000/v1"
+
+    def __init__(self, *, base_url: str | None = None, **kw: Any) -> None:
+        base = (base_url or self.default_base_url).rstrip("/")
+        if not base.endswith("/v1"):
+            base += "/v1"
+        super().__init__(base_url=base, **kw)
+        self.root = base[: -len("/v1")]
+
+    def _extra(self, request: GenerationRequest) -> dict[str, Any]:
+        extra = dict(request.extra)
+        schema = extra.pop("json_schema", None)
+        if schema is not None:
+            extra["response_format"] = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+        return extra
+
+    def chat_body(self, request: GenerationRequest, *, stream: bool) -> dict[str, Any]:
+        body = super().chat_body(request, stream=stream)
+        body.pop("json_schema", None)
+        body.update(self._extra(request))
+        return body
+
+    def completions_body(self, request: GenerationRequest, *, stream: bool) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": request.model, "prompt": request.prompt or "", "stream": stream}
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        for key, value in (
+            ("max_tokens", request.max_tokens),
+            ("temperature", request.temperature),
+            ("seed", request.seed),
+            ("stop", request.stop),
+        ):
+            if value is not None:
+                body[key] = value
+        body.update(self.options)
+        body.update(self._extra(request))
+        return body
+
+    def stream(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
+        return self._stream_completions(request, ctx) if request.raw else self._stream(request, ctx)
+
+    async def _stream_completions(
+        self, request: GenerationRequest, ctx: CallContext
+    ) -> AsyncGenerator[StreamChunk, None]:
+        async with ctx.stream("POST", "/completions", json=self.completions_body(request, stream=True)) as resp:
+            await raise_for_status(resp)
+            finished = False
+            async for event in sse_events(resp):
+                if event.data.strip() == "[DONE]":
+                    return
+                chunk = _text_chunk(load_frame(event.data))
+                finished = finished or chunk.finish_reason is not None
+                yield chunk
+            if not finished:
+                raise ProviderProtocolError("the /v1/completions stream ended before its final frame")
+
+    async def complete(self, request: GenerationRequest, ctx: CallContext) -> Completion:
+        if not request.raw:
+            return await super().complete(request, ctx)
+        body = json_body(await ctx.request("POST", "/completions", json=self.completions_body(request, stream=False)))
+        chunk = _text_chunk(body)
+        return Completion(
+            content=chunk.delta, finish_reason=chunk.finish_reason, usage=chunk.usage, model=chunk.model, raw=body
+        )
+
+    async def unload_model(self, *, drain_timeout: float = 30.0) -> UnloadReport:
+        raise NotSupportedError(
+            "vLLM serves one model per process and has no unload endpoint (our in-flight calls were "
+            "stopped); stop the server process to free the model",
+            provider=self.name,
+            model=self.model,
+        )
+
+    async def wait_ready(self, timeout: float) -> None:
+        assert self.clients is not None
+        await poll_until_ready(self.clients.get(private=False), f"{self.root}/health", timeout, provider=self.name)
+
+
+def _text_chunk(obj: Any) -> StreamChunk:
+    if not isinstance(obj, dict):
+        raise ProviderProtocolError(f"unexpected /v1/completions frame: {str(obj)[:200]}")
+    choices = obj.get("choices") or []
+    choice = choices[0] if choices and isinstance(choices[0], dict) else {}
+    text = choice.get("text", "")
+    if not isinstance(text, str):
+        raise ProviderProtocolError(f"malformed completion text: {str(text)[:200]}")
+    finish = choice.get("finish_reason")
+    return StreamChunk(
+        delta=text,
+        finish_reason=finish if isinstance(finish, str) else None,
+        usage=usage_from(obj.get("usage")),
+        model=obj.get("model") if isinstance(obj.get("model"), str) else None,
+        raw=obj,
+    )

