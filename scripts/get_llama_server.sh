@@ -22,7 +22,14 @@ if [[ -x "$BIN" ]]; then
   echo "$BIN"; exit 0
 fi
 
-command -v cmake >/dev/null || { echo "cmake is required (apt-get install cmake)" >&2; exit 1; }
+if ! command -v cmake >/dev/null; then
+  echo ">> installing cmake" >&2
+  if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
+    apt-get update -qq >&2 && apt-get install -y -qq cmake >&2
+  else
+    python3 -m pip install -q cmake >&2
+  fi
+fi
 mkdir -p "$DEST"
 work="$(mktemp -d "$CACHE/llama-build.XXXXXX")"
 trap 'rm -rf "$work"' EXIT

@@ -6,12 +6,19 @@ cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 
 echo ">> installing abstract-client with the dev and mlx extras"
-python3 -m pip install -q -e '.[dev,mlx]' 2>&1 | grep -v -E "^WARNING: (Location|Running pip)" || true
+log="$(mktemp)"
+if ! python3 -m pip install -q -e '.[dev,mlx]' >"$log" 2>&1; then
+  cat "$log" >&2
+  exit 1
+fi
+rm -f "$log"
 
 echo ">> real engines (built or downloaded once, then cached)"
 LLAMA_SERVER="$(bash scripts/get_llama_server.sh | tail -n 1)"
 export LLAMA_SERVER
-python3 scripts/get_model.py >/dev/null
+python3 scripts/get_model.py >/dev/null          # SmolLM2 GGUF (llama-server)
+python3 scripts/get_model.py --mlx >/dev/null    # the same model as an MLX directory
+bash scripts/get_vllm.sh >/dev/null              # vLLM CPU venv + SmolLM2 in HF format
 
 echo ">> ruff and mypy"
 ruff check .
