@@ -1,0 +1,344 @@
+"""The ``abstract-client`` command (also ``python -m abstract_client``).
+
+    abstract-client chat --provider llamacpp --base-url http://127.0.0.1:8080
+    abstract-client generate --provider ollama --model llama3.2 "Why is the sky blue?"
+    abstract-client models|load|unload --provider ...
+    abstract-client bench cancel [--lanes fake,llamacpp,vllm,mlx] [--json]
+    abstract-client demo                      # the README's main job (MLX + SmolLM2)
+    abstract-client prepare smollm2|llama-server|vllm
+
+Ctrl-C while an answer streams stops that answer: the server is told (the connection is
+severed), the partial answer stays on screen marked as stopped, and the conversation goes on.
+Ctrl-C at the prompt, or twice in a row, exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from types import FrameType
+from typing import Any
+
+from .errors import AbstractClientError, GenerationCancelledError
+from .llm import LLM
+from .registry import available_providers, create_llm
+from .types import GenerateResult, Message
+
+EXIT_STOPPED = 130  # the shell's convention for "ended by SIGINT"
+
+
+def _console(stderr: bool = False) -> Any:
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+
+
+def _add_backend(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--provider", "-p", default="openai-compatible", choices=available_providers())
+    p.add_argument("--model", "-m", default=None, help="model name (a directory for mlx)")
+    p.add_argument("--base-url", "-u", default=None, help="server URL (each provider has a default)")
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--timeout", type=float, default=None, help="total deadline per answer, seconds")
+
+
+def _llm(args: argparse.Namespace) -> LLM:
+    return create_llm(args.provider, args.model, base_url=args.base_url, api_key=args.api_key, timeout=args.timeout)
+
+
+class StopKey:
+    """While an answer streams, SIGINT sets a stop event instead of raising KeyboardInterrupt;
+    a second Ctrl-C within ``double_press`` seconds exits."""
+
+    def __init__(self, double_press: float = 1.0) -> None:
+        self.event = threading.Event()
+        self.pressed_at: float | None = None
+        self.double_press = double_press
+        self._previous: Any = None
+
+    def _handler(self, signum: int, frame: FrameType | None) -> None:
+        now = time.perf_counter()
+        if self.pressed_at is not None and now - self.pressed_at < self.double_press:
+            raise KeyboardInterrupt
+        self.pressed_at = now
+        self.event.set()
+
+    def __enter__(self) -> StopKey:
+        self.event.clear()
+        self.pressed_at = None
+        self._previous = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        signal.signal(signal.SIGINT, self._previous)
+
+
+def _stream_answer(
+    llm: LLM, console: Any, key: StopKey, **kwargs: Any
+) -> tuple[str, GenerateResult | None, GenerationCancelledError | None]:
+    stream = llm.stream(cancel_event=key.event, **kwargs)
+    try:
+        with stream:
+            for chunk in stream:
+                console.print(chunk.delta, end="", markup=False)
+        console.print()
+        return stream.text, stream.result(), None
+    except GenerationCancelledError as err:
+        return err.partial_text, None, err
+
+
+# -- chat -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ChatStats:
+    answers: int = 0
+    stopped: int = 0
+    tokens: int = 0
+    tok_s: list[float] = field(default_factory=list)
+    stop_ms: list[float] = field(default_factory=list)
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    console = _console()
+    llm = _llm(args)
+    history: list[Message] = []
+    if args.system:
+        history.append({"role": "system", "content": args.system})
+    stats = ChatStats()
+    console.print(
+        f"[bold]abstract-client chat[/] — {llm.provider_name} {llm.model or ''}  "
+        "(Ctrl-C stops an answer; Ctrl-C at the prompt exits; /help)"
+    )
+    key = StopKey()
+    try:
+        while True:
+            try:
+                line = console.input("[bold green]you>[/] ")
+            except (KeyboardInterrupt, EOFError):
+                console.print()
+                return 0
+            text = line.strip()
+            if not text:
+                continue
+            if text.startswith("/"):
+                done = _chat_command(text, llm, history, stats, console, args)
+                if done == "quit":
+                    return 0
+                if isinstance(done, LLM):
+                    llm = done
+                continue
+            history.append({"role": "user", "content": text})
+            console.print("[bold blue]ai>[/] ", end="")
+            with key:
+                partial, result, stopped = _stream_answer(
+                    llm, console, key, messages=list(history), max_tokens=args.max_tokens
+                )
+            stats.answers += 1
+            if stopped is not None:
+                stats.stopped += 1
+                if key.pressed_at is not None:
+                    stats.stop_ms.append((time.perf_counter() - key.pressed_at) * 1000)
+                stats.tokens += stopped.generated_tokens
+                console.print(
+                    f"\n[bold red]\\[stopped][/] [dim]{stopped.generated_tokens} tokens kept; "
+                    f"the server was told to stop[/]"
+                )
+                history.append({"role": "assistant", "content": partial})
+            elif result is not None:
+                history.append({"role": "assistant", "content": result.content})
+                if result.usage and result.usage.completion_tokens:
+                    stats.tokens += result.usage.completion_tokens
+                    if result.timings.total_ms:
+                        stats.tok_s.append(result.usage.completion_tokens / (result.timings.total_ms / 1000))
+    except KeyboardInterrupt:  # Ctrl-C twice while streaming
+        console.print("\n[dim]bye[/]")
+        return 0
+    except AbstractClientError as err:
+        console.print(f"[red]error:[/] {type(err).__name__}: {err}")
+        return 1
+    finally:
+        llm.close()
+
+
+def _chat_command(
+    text: str, llm: LLM, history: list[Message], stats: ChatStats, console: Any, args: argparse.Namespace
+) -> str | LLM | None:
+    cmd, _, arg = text.partition(" ")
+    if cmd in ("/quit", "/exit"):
+        return "quit"
+    if cmd == "/reset":
+        history[:] = [m for m in history if m.get("role") == "system"]
+        console.print("[dim]history cleared[/]")
+    elif cmd == "/model":
+        if not arg:
+            console.print(f"[dim]model: {llm.model}[/]")
+            return None
+        llm.close()
+        args.model = arg.strip()
+        console.print(f"[dim]switched to {args.model}[/]")
+        return _llm(args)
+    elif cmd == "/unload":
+        try:
+            report = llm.unload_model()
+            console.print(f"[dim]unloaded: {report.detail}[/]")
+        except AbstractClientError as err:
+            console.print(f"[yellow]{type(err).__name__}:[/] {err}")
+    elif cmd == "/stats":
+        tok_s, stop_ms = stats.tok_s, stats.stop_ms
+        console.print(
+            f"[dim]answers {stats.answers} (stopped {stats.stopped}), tokens {stats.tokens}, "
+            f"tok/s {sum(tok_s) / len(tok_s) if tok_s else 0:.1f}, "
+            f"Ctrl-C → stopped {sum(stop_ms) / len(stop_ms) if stop_ms else 0:.1f} ms[/]"
+        )
+    else:
+        console.print("[dim]/reset  /model NAME  /unload  /stats  /quit[/]")
+    return None
+
+
+# -- one-shot commands -------------------------------------------------------------------------------
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    console = _console()
+    err_console = _console(stderr=True)
+    prompt = " ".join(args.prompt) if args.prompt else sys.stdin.read()
+    key = StopKey(double_press=0.0)
+    try:
+        with _llm(args) as llm, key:
+            if args.json:
+                result = llm.generate(prompt, system=args.system, max_tokens=args.max_tokens, cancel_event=key.event)
+                print(json.dumps(asdict(result), default=str, indent=2))
+                return 0
+            _, _, stopped = _stream_answer(
+                llm, console, key, prompt=prompt, system=args.system, max_tokens=args.max_tokens
+            )
+            if stopped is not None:
+                err_console.print(f"\n[stopped] {stopped.generated_tokens} tokens", markup=False)
+                return EXIT_STOPPED
+            return 0
+    except GenerationCancelledError:
+        return EXIT_STOPPED
+    except AbstractClientError as err:
+        err_console.print(f"error: {type(err).__name__}: {err}", markup=False)
+        return 1
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    with _llm(args) as llm:
+        for model in llm.list_models():
+            loaded = "" if model.loaded is None else ("  loaded" if model.loaded else "  not loaded")
+            print(f"{model.id}{loaded}")
+    return 0
+
+
+def cmd_load(args: argparse.Namespace) -> int:
+    with _llm(args) as llm:
+        llm.load_model()
+        print(f"loaded {llm.model}")
+    return 0
+
+
+def cmd_unload(args: argparse.Namespace) -> int:
+    with _llm(args) as llm:
+        report = llm.unload_model(drain_timeout=args.drain_timeout)
+        print(report.detail or "unloaded")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo()
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from .prepare import prepare
+
+    print(prepare(args.what))
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .bench import run_lane_table
+
+    return run_lane_table(args.lanes, n=args.n, as_json=args.json)
+
+
+def _guard(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return fn(args)
+        except AbstractClientError as err:
+            print(f"error: {type(err).__name__}: {err}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            return EXIT_STOPPED
+
+    return run
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="abstract-client", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("chat", help="interactive chat; Ctrl-C stops the answer, not the chat")
+    _add_backend(p)
+    p.add_argument("--system", default=None)
+    p.add_argument("--max-tokens", type=int, default=None)
+    p.set_defaults(fn=cmd_chat)
+
+    p = sub.add_parser("generate", help="one answer to stdout (streamed); exit 130 when stopped by Ctrl-C")
+    _add_backend(p)
+    p.add_argument("prompt", nargs="*", help="the prompt (default: stdin)")
+    p.add_argument("--system", default=None)
+    p.add_argument("--max-tokens", type=int, default=None)
+    p.add_argument("--json", action="store_true", help="print the full result as JSON")
+    p.set_defaults(fn=_guard(cmd_generate))
+
+    for name, fn, text in (
+        ("models", cmd_models, "list the backend's models"),
+        ("load", cmd_load, "load the model"),
+        ("unload", cmd_unload, "unload the model (stops our in-flight calls first)"),
+    ):
+        p = sub.add_parser(name, help=text)
+        _add_backend(p)
+        if name == "unload":
+            p.add_argument("--drain-timeout", type=float, default=30.0)
+        p.set_defaults(fn=_guard(fn))
+
+    p = sub.add_parser("bench", help="benchmarks")
+    bench = p.add_subparsers(dest="bench", required=True)
+    b = bench.add_parser("cancel", help="stop → raise latency and server evidence, per lane (docs/cancellation.md)")
+    b.add_argument(
+        "--lanes",
+        default="fake,llamacpp,vllm,mlx",
+        help="comma-separated: fake, llamacpp, vllm, mlx (unavailable lanes are listed as skipped)",
+    )
+    b.add_argument("-n", type=int, default=10, help="stops per case")
+    b.add_argument("--json", action="store_true")
+    b.set_defaults(fn=cmd_bench)
+
+    p = sub.add_parser("demo", help="the main job: SmolLM2 on MLX answers, then a long answer is stopped")
+    p.set_defaults(fn=_guard(cmd_demo))
+
+    p = sub.add_parser("prepare", help="build or fetch a real engine or model (progress bar; cached)")
+    p.add_argument("what", choices=["smollm2", "smollm2-mlx", "llama-server", "vllm"])
+    p.set_defaults(fn=_guard(cmd_prepare))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.fn(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

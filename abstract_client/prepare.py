@@ -1,0 +1,66 @@
+"""``abstract-client prepare``: build or fetch the real engines, with a progress bar.
+
+The build steps themselves live in ``scripts/`` (used by CI too); this wraps them for people:
+llama-server's CMake ``[ NN%]`` lines drive a progress bar, the vLLM venv gets a spinner.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+_PERCENT = re.compile(r"\[\s*(\d+)%\]")
+
+
+def _script(name: str) -> Path:
+    path = SCRIPTS / name
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: `prepare` needs a source checkout of abstract-client")
+    return path
+
+
+def prepare(what: str) -> Path:
+    from .assets import smollm2_gguf, smollm2_mlx
+
+    if what == "smollm2":
+        return smollm2_gguf()
+    if what == "smollm2-mlx":
+        return smollm2_mlx()
+    if what == "llama-server":
+        return _run_with_progress(["bash", str(_script("get_llama_server.sh"))], "building llama-server")
+    if what == "vllm":
+        return _run_with_progress(["bash", str(_script("get_vllm.sh"))], "preparing the vLLM CPU venv")
+    raise ValueError(f"unknown target {what!r}")
+
+
+def _run_with_progress(argv: list[str], description: str) -> Path:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TimeElapsedColumn(),
+        console=console,
+    ) as bar:
+        task = bar.add_task(description, total=100)
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert proc.stderr is not None and proc.stdout is not None
+        tail: list[str] = []
+        for line in proc.stderr:
+            tail = [*tail, line.rstrip()][-30:]
+            match = _PERCENT.search(line)
+            if match:
+                bar.update(task, completed=int(match.group(1)))
+            elif line.startswith(">>"):
+                bar.update(task, description=f"{description}: {line[2:].strip()[:60]}")
+        out = proc.stdout.read().strip().splitlines()
+        if proc.wait() != 0:
+            raise RuntimeError(f"{' '.join(argv)} failed:\n" + "\n".join(tail))
+        bar.update(task, completed=100)
+    return Path(out[-1].split()[-1]) if out else Path()

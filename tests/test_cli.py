@@ -1,0 +1,162 @@
+"""The ``abstract-client`` command in a real pseudo-terminal: a real SIGINT mid-answer stops the
+answer (the fake server sees the disconnect), the partial answer stays on screen, the chat goes on."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+
+import pexpect
+import pytest
+
+from abstract_client.testing import FakeOllamaServer, FakeOpenAIServer
+
+CLI = [sys.executable, "-m", "abstract_client"]
+
+
+def spawn(*args: str) -> pexpect.spawn:
+    child = pexpect.spawn(
+        CLI[0],
+        [*CLI[1:], *args],
+        encoding="utf-8",
+        timeout=30,
+        dimensions=(40, 200),
+        env={"TERM": "dumb", "PYTHONUNBUFFERED": "1", "NO_COLOR": "1", "PATH": "/usr/bin:/bin"},
+    )
+    return child
+
+
+def test_chat_ctrl_c_stops_the_answer_not_the_chat() -> None:
+    with FakeOpenAIServer(token_delay=0.05) as server:
+        child = spawn("chat", "-p", "openai-compatible", "-m", "fake-model", "-u", server.base_url)
+        child.expect("you>")
+        child.sendline("tell me everything")
+        child.expect("tok5 ")
+        child.sendintr()  # a real SIGINT from the terminal, mid-answer
+        child.expect(r"\[stopped\]")
+        record = server.requests("/v1/chat/completions")[-1]
+        server.wait_for_disconnect(record)  # the server itself saw the stop
+        assert record.tokens_sent < 16
+        child.expect("you>")
+        server.behavior.answer = "The capital of France is Paris."
+        child.sendline("and the capital of France?")
+        child.expect("Paris")
+        child.expect("you>")
+        second = server.requests("/v1/chat/completions")[-1].body
+        assert [m["role"] for m in second["messages"]] == ["user", "assistant", "user"]  # history kept
+        assert second["messages"][1]["content"].startswith("tok0 tok1")  # the partial answer stayed
+        child.sendline("/stats")
+        child.expect(r"stopped 1")
+        child.expect("you>")
+        child.sendintr()  # Ctrl-C at the prompt exits
+        child.expect(pexpect.EOF)
+        child.close()
+        assert child.exitstatus == 0
+
+
+def test_generate_exit_code_130_on_ctrl_c() -> None:
+    with FakeOpenAIServer(token_delay=0.05) as server:
+        child = spawn(
+            "generate",
+            "-p",
+            "openai-compatible",
+            "-m",
+            "fake-model",
+            "-u",
+            server.base_url,
+            "--max-tokens",
+            "1000",
+            "write a lot",
+        )
+        child.expect("tok3 ")
+        child.sendintr()
+        child.expect(pexpect.EOF)
+        child.close()
+        assert child.exitstatus == 130
+        server.wait_for_disconnect(server.last)
+
+
+def test_generate_json_and_streamed_text() -> None:
+    with FakeOpenAIServer(answer="The capital of France is Paris.") as server:
+        out = subprocess.run(
+            [*CLI, "generate", "-u", server.base_url, "-m", "fake-model", "--json", "capital?"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        result = json.loads(out.stdout)
+        assert result["content"] == "The capital of France is Paris." and result["finish_reason"] == "stop"
+        out = subprocess.run(
+            [*CLI, "generate", "-u", server.base_url, "-m", "fake-model", "capital?"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.stdout.strip() == "The capital of France is Paris."
+
+
+def test_typed_error_is_one_clear_line() -> None:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    out = subprocess.run(
+        [*CLI, "generate", "-u", f"http://127.0.0.1:{port}/v1", "-m", "m", "hi"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 1
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ServerUnavailableError")
+
+
+def test_models_load_unload_against_fake_ollama() -> None:
+    with FakeOllamaServer(models={"fake-model": False}) as server:
+        common = ["-p", "ollama", "-m", "fake-model", "-u", server.base_url]
+        out = subprocess.run([*CLI, "models", *common], capture_output=True, text=True, timeout=60)
+        assert out.stdout.strip() == "fake-model  not loaded"
+        assert subprocess.run([*CLI, "load", *common], capture_output=True, timeout=60).returncode == 0
+        assert server.behavior.models["fake-model"] is True
+        out = subprocess.run([*CLI, "unload", *common], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and "unloaded" in out.stdout
+        assert server.behavior.models["fake-model"] is False
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        [],
+        ["chat"],
+        ["generate"],
+        ["models"],
+        ["load"],
+        ["unload"],
+        ["bench"],
+        ["bench", "cancel"],
+        ["demo"],
+        ["prepare"],
+    ],
+)
+def test_help_for_every_command(command: list[str]) -> None:
+    out = subprocess.run([*CLI, *command, "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "usage: abstract-client" in out.stdout
+
+
+def test_bench_cancel_lists_unavailable_lanes_as_skipped() -> None:
+    out = subprocess.run(
+        [*CLI, "bench", "cancel", "--lanes", "fake,nonesuch", "-n", "2", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    lanes = {r["lane"] for r in rows}
+    assert {"fake openai", "fake ollama", "fake lmstudio", "nonesuch"} <= lanes
+    skipped = [r for r in rows if r["lane"] == "nonesuch"]
+    assert skipped[0]["server_evidence"].startswith("skipped:")
+    assert all(r["p50_ms"] is not None for r in rows if r["lane"].startswith("fake"))
