@@ -57,13 +57,14 @@ class Portal:
         on_interrupt: Callable[[], object] | None = None,
         stop: StopToken | None = None,
         stopped_error: Callable[[], BaseException] | None = None,
+        on_abandon: Callable[[], Coroutine[Any, Any, Any]] | None = None,
     ) -> T:
         """Run ``fn()`` on the loop thread and return its result, raising its exception.
 
         With ``stop``/``stopped_error``: the moment the stop is requested, the waiting thread is
         woken by the stop hook itself and raises ``stopped_error()`` (the contract's error, with
         the partial text) without waiting for the loop to finish unwinding — the hooks have
-        already severed the connection; the loop closes the rest behind it.
+        already severed the connection; the loop closes the rest behind it (``on_abandon``).
         """
         loop = self.loop
         if threading.current_thread() is self._thread:
@@ -75,6 +76,10 @@ class Portal:
         try:
             wake.wait()
             if not future.done() and stop is not None and stopped_error is not None and not stop.internal:
+                if on_abandon is not None:
+                    # The caller leaves now; once the step it abandoned has unwound on the loop,
+                    # finish the job there (close the stream, release the call).
+                    future.add_done_callback(lambda _: self.submit(on_abandon))
                 raise stopped_error()
             return future.result()
         except BaseException:

@@ -47,7 +47,11 @@ class SyncGenerationStream:
         call = inner.call
         try:
             return self._portal.run(
-                inner.__anext__, on_interrupt=inner.cancel, stop=call.token, stopped_error=lambda: stopped_error(call)
+                inner.__anext__,
+                on_interrupt=inner.cancel,
+                stop=call.token,
+                stopped_error=lambda: stopped_error(call),
+                on_abandon=inner.aclose,
             )
         except StopAsyncIteration:
             raise StopIteration from None

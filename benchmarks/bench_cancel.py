@@ -160,6 +160,7 @@ def llamacpp_cases(n: int) -> list[dict[str, Any]]:
     long_prompt = "Summarise: " + " ".join(f"word{i % 97}" for i in range(2000))
     try:
         for stage in ("stream", "non-stream", "prefill"):
+            ours: dict[str, float] = {}
             for client in ("abstract-client", "openai-python", "httpx"):
                 raise_ms, cancel_ms = [], []
                 for _ in range(n):
@@ -177,11 +178,16 @@ def llamacpp_cases(n: int) -> list[dict[str, Any]]:
                         if len(server.cancelled_tasks()) > before
                         else float("nan")
                     )
+                r50, c50 = pct(raise_ms, 50), pct(cancel_ms, 50)
+                if client == "abstract-client":
+                    ours = {"raise": r50, "cancel": c50}
                 rows.append(
                     {
                         **row(f"{stage}: {client}", raise_ms),
-                        "cancel_task_p50_ms": pct(cancel_ms, 50),
+                        "cancel_task_p50_ms": c50,
                         "cancel_task_p99_ms": pct(cancel_ms, 99),
+                        "raise_vs_ours": f"{r50 / ours['raise']:.1f}x" if ours["raise"] else "-",
+                        "cancel_vs_ours": f"{c50 / ours['cancel']:.1f}x" if ours["cancel"] else "-",
                     }
                 )
     finally:
