@@ -14,6 +14,8 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .stop import PRIORITY_WAKE
+
 if TYPE_CHECKING:
     from .stop import StopToken
 
@@ -72,7 +74,9 @@ class Portal:
         future: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(fn(), loop)
         wake = threading.Event()
         future.add_done_callback(lambda _: wake.set())
-        remove = stop.add_hook(wake.set) if stop is not None and stopped_error is not None else None
+        remove = (
+            stop.add_hook(wake.set, priority=PRIORITY_WAKE) if stop is not None and stopped_error is not None else None
+        )
         try:
             wake.wait()
             if not future.done() and stop is not None and stopped_error is not None and not stop.internal:

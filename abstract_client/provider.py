@@ -33,6 +33,18 @@ class Completion:
     model: str | None = None
     raw: Any = None
 
+    @classmethod
+    def from_chunk(cls, chunk: StreamChunk, raw: Any = None) -> Completion:
+        """A whole answer that a wire mapping decoded as one final chunk."""
+        return cls(
+            content=chunk.delta,
+            finish_reason=chunk.finish_reason,
+            usage=chunk.usage,
+            timings=chunk.timings,
+            model=chunk.model,
+            raw=raw,
+        )
+
 
 @dataclass(slots=True)
 class CallContext:

@@ -25,6 +25,7 @@ from .watcher import watcher
 log = logging.getLogger(__name__)
 
 Hook = Callable[[], object]
+PRIORITY_SEVER, PRIORITY_WAKE, PRIORITY_LOOP = 0, 1, 2
 _REASONS = ("user", "timeout", "model_eject", "shutdown")
 
 
@@ -43,6 +44,7 @@ class StopToken:
         self.request_id = request_id
         self._lock = threading.Lock()
         self._hooks: list[Hook] = []
+        self._priorities: list[int] = []
         self._unbinds: list[Callable[[], None]] = []
         self.reason: StopReason | None = None
         self.signal_reason: object = None
@@ -73,7 +75,7 @@ class StopToken:
             self.signal_reason = signal_reason
             self.internal = internal
             self.reason = reason
-            hooks, self._hooks = self._hooks, []
+            hooks, self._hooks, self._priorities = self._hooks, [], []
         log.debug("stop %s: %s", self.request_id, reason)
         for hook in hooks:
             try:
@@ -85,11 +87,17 @@ class StopToken:
         time.sleep(0)
         return True
 
-    def add_hook(self, hook: Hook) -> Callable[[], None]:
-        """Run ``hook()`` when the stop is requested, or now if it already was."""
+    def add_hook(self, hook: Hook, *, priority: int = PRIORITY_LOOP) -> Callable[[], None]:
+        """Run ``hook()`` when the stop is requested, or now if it already was. Hooks run by
+        ``priority``: the socket sever first (the server must hear it even if this thread then
+        loses the GIL), then waking a blocked sync caller, then the event-loop work."""
         with self._lock:
             if self.reason is None:
-                self._hooks.append(hook)
+                at = len(self._hooks)
+                while at and self._priorities[at - 1] > priority:
+                    at -= 1
+                self._hooks.insert(at, hook)
+                self._priorities.insert(at, priority)
                 run_now = False
             else:
                 run_now = True
@@ -98,10 +106,10 @@ class StopToken:
 
         def remove() -> None:
             with self._lock:
-                try:
-                    self._hooks.remove(hook)
-                except ValueError:
-                    pass
+                for i, h in enumerate(self._hooks):
+                    if h is hook:
+                        del self._hooks[i], self._priorities[i]
+                        break
 
         return remove
 
@@ -136,6 +144,7 @@ class StopToken:
             unbind()
         with self._lock:
             self._hooks.clear()
+            self._priorities.clear()
 
 
 class InflightRegistry:

@@ -25,7 +25,7 @@ from abstract_client.http.wire import json_body, load_frame, raise_for_status, s
 from abstract_client.provider import CallContext, Completion, ModelInfo, UnloadReport
 from abstract_client.types import GenerationRequest, StreamChunk, Usage
 
-from .openai_compatible import OpenAICompatibleProvider, timings_from
+from .openai_compatible import OpenAICompatibleProvider, sampling_fields, timings_from
 
 _FINISH = {"eos": "stop", "word": "stop", "limit": "length"}
 _FORBIDDEN_HEADERS = {"x-conversation-id"}
@@ -51,14 +51,7 @@ class LlamaCppProvider(OpenAICompatibleProvider):
 
     def completion_body(self, request: GenerationRequest, *, stream: bool) -> dict[str, Any]:
         body: dict[str, Any] = {"prompt": request.prompt or "", "stream": stream, "cache_prompt": True}
-        if request.max_tokens is not None:
-            body["n_predict"] = request.max_tokens
-        if request.temperature is not None:
-            body["temperature"] = request.temperature
-        if request.seed is not None:
-            body["seed"] = request.seed
-        if request.stop:
-            body["stop"] = request.stop
+        body.update(sampling_fields(request, max_tokens_key="n_predict"))
         body.update(self.options)
         body.update(request.extra)
         return body
@@ -89,20 +82,12 @@ class LlamaCppProvider(OpenAICompatibleProvider):
         if not isinstance(body, dict) or not isinstance(body.get("content"), str):
             raise ProviderProtocolError(f"unexpected /completion body: {str(body)[:200]}")
         chunk = _native_chunk(body)
-        return Completion(
-            content=chunk.delta,
-            finish_reason=chunk.finish_reason,
-            usage=chunk.usage,
-            timings=chunk.timings,
-            model=chunk.model,
-            raw=body,
-        )
+        return Completion.from_chunk(chunk, raw=body)
 
     # -- models ------------------------------------------------------------------------------------
 
     async def _models_body(self) -> Any:
-        assert self.clients is not None
-        return json_body(await self.clients.get(private=False).get("/models"))
+        return await self.get_json("/models")
 
     async def is_router(self) -> bool:
         """Router mode (started without ``-m``) lists models with a ``status``."""
@@ -131,8 +116,7 @@ class LlamaCppProvider(OpenAICompatibleProvider):
     async def load_model(self) -> None:
         if not await self.is_router():
             return  # single-model mode: the model is loaded for the server's lifetime
-        assert self.clients is not None
-        json_body(await self.clients.get(private=False).post("/models/load", json={"model": self.model}))
+        await self.post_json("/models/load", {"model": self.model})
         await self._wait_status("loaded", timeout=300)
 
     async def unload_model(self, *, drain_timeout: float = 30.0) -> UnloadReport:
@@ -143,8 +127,7 @@ class LlamaCppProvider(OpenAICompatibleProvider):
                 provider=self.name,
                 model=self.model,
             )
-        assert self.clients is not None
-        json_body(await self.clients.get(private=False).post("/models/unload", json={"model": self.model}))
+        await self.post_json("/models/unload", {"model": self.model})
         await self._wait_status("unloaded", timeout=60)
         return UnloadReport(server_unloaded=True, detail=f"llama-server router unloaded {self.model}")
 

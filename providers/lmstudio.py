@@ -91,20 +91,12 @@ class LMStudioProvider(OpenAICompatibleProvider):
             return await super().complete(request, ctx)
         body = json_body(await ctx.request("POST", "/api/v1/chat", json=self.native_body(request, stream=False)))
         chunk = _final(body, delta=None)
-        return Completion(
-            content=chunk.delta,
-            finish_reason=chunk.finish_reason,
-            usage=chunk.usage,
-            timings=chunk.timings,
-            model=chunk.model,
-            raw=body,
-        )
+        return Completion.from_chunk(chunk, raw=body)
 
     # -- models ------------------------------------------------------------------------------------
 
     async def _native_models(self) -> list[dict[str, Any]]:
-        assert self.clients is not None
-        body = json_body(await self.clients.get(private=False).get("/api/v1/models"))
+        body = await self.get_json("/api/v1/models")
         models = body.get("models") if isinstance(body, dict) else None
         if not isinstance(models, list):
             raise ProviderProtocolError(f"unexpected /api/v1/models body: {str(body)[:200]}")
@@ -126,16 +118,12 @@ class LMStudioProvider(OpenAICompatibleProvider):
     async def load_model(self) -> None:
         if await self.instances():
             return  # already loaded: a second load would make a second instance
-        assert self.clients is not None
-        json_body(await self.clients.get(private=False).post("/api/v1/models/load", json={"model": self.model}))
+        await self.post_json("/api/v1/models/load", {"model": self.model})
 
     async def unload_model(self, *, drain_timeout: float = 30.0) -> UnloadReport:
-        assert self.clients is not None
         ids = await self.instances()
         for instance_id in ids:
-            json_body(
-                await self.clients.get(private=False).post("/api/v1/models/unload", json={"instance_id": instance_id})
-            )
+            await self.post_json("/api/v1/models/unload", {"instance_id": instance_id})
         return UnloadReport(
             server_unloaded=bool(ids), detail=f"lmstudio unloaded {len(ids)} instance(s)", extra={"instances": ids}
         )

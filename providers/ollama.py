@@ -27,7 +27,7 @@ from abstract_client.http.wire import json_body, ndjson_objects, poll_until_read
 from abstract_client.provider import CallContext, Completion, ModelInfo, UnloadReport
 from abstract_client.types import GenerationRequest, StreamChunk, Timings, Usage
 
-from .openai_compatible import OpenAICompatibleProvider
+from .openai_compatible import OpenAICompatibleProvider, sampling_fields
 
 _PASSTHROUGH = ("keep_alive", "format", "think", "tools", "truncate", "images", "suffix", "system", "template")
 
@@ -52,14 +52,7 @@ class OllamaProvider(OpenAICompatibleProvider):
     def native_body(self, request: GenerationRequest, *, stream: bool) -> tuple[str, dict[str, Any]]:
         extra = dict(request.extra)
         options: dict[str, Any] = dict(extra.pop("options", None) or {})
-        if request.max_tokens is not None:
-            options["num_predict"] = request.max_tokens
-        if request.temperature is not None:
-            options["temperature"] = request.temperature
-        if request.seed is not None:
-            options["seed"] = request.seed
-        if request.stop:
-            options["stop"] = request.stop
+        options.update(sampling_fields(request, max_tokens_key="num_predict"))
         for key in ("num_ctx", "top_k", "top_p", "min_p", "repeat_penalty"):
             if key in extra:
                 options[key] = extra.pop(key)
@@ -103,27 +96,12 @@ class OllamaProvider(OpenAICompatibleProvider):
         obj = json_body(await ctx.request("POST", path, json=body))
         raise_if_error(obj)
         chunk = _chunk(obj)
-        return Completion(
-            content=chunk.delta,
-            finish_reason=chunk.finish_reason,
-            usage=chunk.usage,
-            timings=chunk.timings,
-            model=chunk.model,
-            raw=obj,
-        )
+        return Completion.from_chunk(chunk, raw=obj)
 
     # -- models ------------------------------------------------------------------------------------
 
-    async def _get(self, path: str) -> Any:
-        assert self.clients is not None
-        return json_body(await self.clients.get(private=False).get(path))
-
-    async def _post(self, path: str, body: dict[str, Any]) -> Any:
-        assert self.clients is not None
-        return json_body(await self.clients.get(private=False).post(path, json=body))
-
     async def list_models(self) -> list[ModelInfo]:
-        tags, ps = await self._get("/api/tags"), await self._get("/api/ps")
+        tags, ps = await self.get_json("/api/tags"), await self.get_json("/api/ps")
         loaded = {m.get("name") for m in ps.get("models", []) if isinstance(m, dict)}
         return [
             ModelInfo(id=str(m.get("name")), loaded=m.get("name") in loaded, raw=m)
@@ -132,21 +110,21 @@ class OllamaProvider(OpenAICompatibleProvider):
         ]
 
     async def loaded_models(self) -> list[str]:
-        ps = await self._get("/api/ps")
+        ps = await self.get_json("/api/ps")
         return [str(m.get("name")) for m in ps.get("models", []) if isinstance(m, dict)]
 
     async def show(self) -> Any:
-        return await self._post("/api/show", {"model": self.model})
+        return await self.post_json("/api/show", {"model": self.model})
 
     async def version(self) -> str:
-        return str((await self._get("/api/version")).get("version"))
+        return str((await self.get_json("/api/version")).get("version"))
 
     async def load_model(self) -> None:
-        obj = await self._post("/api/chat", {"model": self.model, "messages": [], "stream": False})
+        obj = await self.post_json("/api/chat", {"model": self.model, "messages": [], "stream": False})
         raise_if_error(obj)
 
     async def unload_model(self, *, drain_timeout: float = 30.0) -> UnloadReport:
-        obj = await self._post("/api/chat", {"model": self.model, "messages": [], "keep_alive": 0, "stream": False})
+        obj = await self.post_json("/api/chat", {"model": self.model, "messages": [], "keep_alive": 0, "stream": False})
         raise_if_error(obj)
         with anyio.move_on_after(self.unload_poll_timeout):
             while self.model in await self.loaded_models():

@@ -42,6 +42,20 @@ def timings_from(obj: Any) -> Timings | None:
     )
 
 
+def sampling_fields(request: GenerationRequest, max_tokens_key: str = "max_tokens") -> dict[str, Any]:
+    """The common sampling fields that were set, under the names most servers use."""
+    fields: dict[str, Any] = {}
+    for key, value in (
+        (max_tokens_key, request.max_tokens),
+        ("temperature", request.temperature),
+        ("seed", request.seed),
+        ("stop", request.stop or None),
+    ):
+        if value is not None:
+            fields[key] = value
+    return fields
+
+
 def _expect_dict(obj: Any, what: str) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise ProviderProtocolError(f"{what}: expected a JSON object, got {type(obj).__name__}")
@@ -146,14 +160,7 @@ class OpenAICompatibleProvider(Provider):
         body: dict[str, Any] = {"model": request.model or "default", "messages": request.messages, "stream": stream}
         if stream:
             body["stream_options"] = {"include_usage": True}
-        if request.max_tokens is not None:
-            body["max_tokens"] = request.max_tokens
-        if request.temperature is not None:
-            body["temperature"] = request.temperature
-        if request.seed is not None:
-            body["seed"] = request.seed
-        if request.stop:
-            body["stop"] = request.stop
+        body.update(sampling_fields(request))
         body.update(self.options)
         body.update(request.extra)
         return body
@@ -171,10 +178,17 @@ class OpenAICompatibleProvider(Provider):
         resp = await ctx.request("POST", self.chat_path, json=self.chat_body(request, stream=False))
         return completion_from(json_body(resp))
 
-    async def list_models(self) -> list[ModelInfo]:
+    async def get_json(self, path: str) -> Any:
+        """``GET`` on the pooled client (model management and probes are not generations)."""
         assert self.clients is not None
-        resp = await self.clients.get(private=False).get(self.models_path)
-        body = json_body(resp)
+        return json_body(await self.clients.get(private=False).get(path))
+
+    async def post_json(self, path: str, body: dict[str, Any]) -> Any:
+        assert self.clients is not None
+        return json_body(await self.clients.get(private=False).post(path, json=body))
+
+    async def list_models(self) -> list[ModelInfo]:
+        body = await self.get_json(self.models_path)
         data = body.get("data") if isinstance(body, dict) else None
         if not isinstance(data, list):
             raise ProviderProtocolError(f"unexpected /models body: {str(body)[:200]}")

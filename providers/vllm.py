@@ -24,7 +24,7 @@ from abstract_client.http.wire import json_body, load_frame, poll_until_ready, r
 from abstract_client.provider import CallContext, Completion, UnloadReport
 from abstract_client.types import GenerationRequest, StreamChunk
 
-from .openai_compatible import OpenAICompatibleProvider, usage_from
+from .openai_compatible import OpenAICompatibleProvider, sampling_fields, usage_from
 
 VLLM_EXTRAS = (
     "top_k",
@@ -67,14 +67,7 @@ class VLLMProvider(OpenAICompatibleProvider):
         body: dict[str, Any] = {"model": request.model, "prompt": request.prompt or "", "stream": stream}
         if stream:
             body["stream_options"] = {"include_usage": True}
-        for key, value in (
-            ("max_tokens", request.max_tokens),
-            ("temperature", request.temperature),
-            ("seed", request.seed),
-            ("stop", request.stop),
-        ):
-            if value is not None:
-                body[key] = value
+        body.update(sampling_fields(request))
         body.update(self.options)
         body.update(self._extra(request))
         return body
@@ -102,9 +95,7 @@ class VLLMProvider(OpenAICompatibleProvider):
             return await super().complete(request, ctx)
         body = json_body(await ctx.request("POST", "/completions", json=self.completions_body(request, stream=False)))
         chunk = _text_chunk(body)
-        return Completion(
-            content=chunk.delta, finish_reason=chunk.finish_reason, usage=chunk.usage, model=chunk.model, raw=body
-        )
+        return Completion.from_chunk(chunk, raw=body)
 
     async def unload_model(self, *, drain_timeout: float = 30.0) -> UnloadReport:
         raise NotSupportedError(

@@ -21,7 +21,7 @@ import typing
 
 import httpcore
 
-from ..stop import StopToken
+from ..stop import PRIORITY_SEVER, StopToken
 
 current_guard: contextvars.ContextVar[SocketGuard | None] = contextvars.ContextVar(
     "abstract_client_socket_guard", default=None
@@ -38,7 +38,7 @@ class SocketGuard:
         self.connected = False
         self._requested = False
         if token is not None:
-            token.add_hook(self.sever)
+            token.add_hook(self.sever, priority=PRIORITY_SEVER)
 
     def attach(self, sock: socket.socket | None) -> None:
         with self._lock:
