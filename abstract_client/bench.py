@@ -28,9 +28,9 @@ Row = dict[str, Any]
 
 
 def pct(values: list[float], q: float) -> float:
-    if not values:
+    ordered = sorted(v for v in values if v == v)  # NaN (a stop that did not land) is left out
+    if not ordered:
         return float("nan")
-    ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import cast
 
 import anyio
+import sniffio
 
 from .abort import AbortSignal
 from .errors import StopReason
@@ -27,6 +28,14 @@ log = logging.getLogger(__name__)
 Hook = Callable[[], object]
 PRIORITY_SEVER, PRIORITY_WAKE, PRIORITY_LOOP = 0, 1, 2
 _REASONS = ("user", "timeout", "model_eject", "shutdown")
+
+
+def _on_event_loop() -> bool:
+    try:
+        sniffio.current_async_library()
+    except sniffio.AsyncLibraryNotFoundError:
+        return False
+    return True
 
 
 def reason_from_signal(reason: object) -> StopReason:
@@ -82,9 +91,12 @@ class StopToken:
                 hook()
             except Exception:
                 log.exception("stop hook failed for %s", self.request_id)
-        # Hand the GIL over now: the threads the hooks just woke (the event loop, a worker) can run
-        # at once instead of waiting for this thread to block or for the 5 ms switch interval.
-        time.sleep(0)
+        # From a plain thread (a UI's Stop button), hand the GIL over now: the threads the hooks
+        # just woke (the event loop, a blocked sync caller) run at once instead of waiting for
+        # this thread to block or for the 5 ms switch interval. On an event loop's own thread
+        # that would only let unrelated threads in before the loop does the work itself.
+        if not _on_event_loop():
+            time.sleep(0)
         return True
 
     def add_hook(self, hook: Hook, *, priority: int = PRIORITY_LOOP) -> Callable[[], None]:

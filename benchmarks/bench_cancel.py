@@ -30,9 +30,9 @@ from abstract_client.testing import SubprocessFake
 
 
 def pct(values: list[float], q: float) -> float:
-    if not values:
+    ordered = sorted(v for v in values if v == v)  # NaN (no evidence) is left out
+    if not ordered:
         return float("nan")
-    ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
@@ -149,45 +149,47 @@ def overhead(llm: Any, n: int) -> list[dict[str, Any]]:
 
 
 def llamacpp_cases(n: int) -> list[dict[str, Any]]:
+    """Real llama-server: our stop vs openai-python and plain httpx, side by side in one run.
+
+    Each client runs its whole series on one event loop with one client object (as an app
+    would). Async clients are stopped from their loop (``abort()`` for us, ``task.cancel()`` for
+    all, ours included); the sync openai-python stream is closed from another thread, which is
+    all it offers — a read blocked in prefill does not wake until the next byte arrives.
+    """
     from abstract_client.testing.processes import LlamaServer, llama_server_binary, smollm2_gguf
 
     binary, model = llama_server_binary(), smollm2_gguf()
     if binary is None or model is None:
         raise SystemExit("llama-server or the model is missing: run scripts/get_llama_server.sh, scripts/get_model.py")
-    log = Path("/tmp/abstract-client-bench-llama.log")
-    server = LlamaServer.launch(binary, model, log_path=log)
-    rows: list[dict[str, Any]] = []
+    server = LlamaServer.launch(binary, model, log_path=Path("/tmp/abstract-client-bench-llama.log"))
     long_prompt = "Summarise: " + " ".join(f"word{i % 97}" for i in range(2000))
+    clients = (
+        "abstract-client abort()",
+        "abstract-client task.cancel()",
+        "openai-python task.cancel()",
+        "httpx task.cancel()",
+        "openai-python sync stream.close()",
+    )
+    rows: list[dict[str, Any]] = []
     try:
         for stage in ("stream", "non-stream", "prefill"):
+            prompt = long_prompt if stage == "prefill" else "Write a very long story about a dragon."
+            delay = 0.5 if stage == "prefill" else 0.3
             ours: dict[str, float] = {}
-            for client in ("abstract-client", "openai-python", "httpx"):
-                raise_ms, cancel_ms = [], []
-                for _ in range(n):
-                    server.wait_idle(10)
-                    before = len(server.cancelled_tasks())
-                    prompt = long_prompt if stage == "prefill" else "Write a very long story about a dragon."
-                    delay = 0.5 if stage == "prefill" else 0.3
-                    stopped_at, raised_at = run_client(client, server.url, prompt, stage != "non-stream", delay)
-                    raise_ms.append((raised_at - stopped_at) * 1000)
-                    deadline = time.monotonic() + 5
-                    while len(server.cancelled_tasks()) <= before and time.monotonic() < deadline:
-                        time.sleep(0.001)
-                    cancel_ms.append(
-                        (time.perf_counter() - stopped_at) * 1000
-                        if len(server.cancelled_tasks()) > before
-                        else float("nan")
-                    )
+            for client in clients:
+                if client.endswith("stream.close()") and stage == "non-stream":
+                    continue  # a sync non-streaming openai-python call has no way to be stopped
+                raise_ms, cancel_ms = run_series(client, server, prompt, stage != "non-stream", delay, n)
                 r50, c50 = pct(raise_ms, 50), pct(cancel_ms, 50)
-                if client == "abstract-client":
+                if not ours:
                     ours = {"raise": r50, "cancel": c50}
                 rows.append(
                     {
                         **row(f"{stage}: {client}", raise_ms),
                         "cancel_task_p50_ms": c50,
                         "cancel_task_p99_ms": pct(cancel_ms, 99),
-                        "raise_vs_ours": f"{r50 / ours['raise']:.1f}x" if ours["raise"] else "-",
-                        "cancel_vs_ours": f"{c50 / ours['cancel']:.1f}x" if ours["cancel"] else "-",
+                        "raise_vs_ours": f"{r50 / ours['raise']:.1f}x",
+                        "cancel_vs_ours": f"{c50 / ours['cancel']:.1f}x",
                     }
                 )
     finally:
@@ -195,70 +197,116 @@ def llamacpp_cases(n: int) -> list[dict[str, Any]]:
     return rows
 
 
-def run_client(client: str, url: str, prompt: str, stream: bool, delay: float) -> tuple[float, float]:
-    """Start one generation, stop it after ``delay``; return (stop time, raise time)."""
-    body = {"model": "m", "messages": [{"role": "user", "content": prompt}], "max_tokens": 2000, "stream": stream}
+def run_series(
+    client: str, server: Any, prompt: str, stream: bool, delay: float, n: int
+) -> tuple[list[float], list[float]]:
+    """``n`` generations stopped after ``delay`` s; stop → raise and stop → 'cancel task' (ms)."""
+    raise_ms: list[float] = []
+    cancel_ms: list[float] = []
+    messages = [{"role": "user", "content": prompt}]
 
-    async def ours() -> tuple[float, float]:
-        llm = create_llm("llamacpp", "m", base_url=url, max_retries=0)
-        controller = AbortController()
-        asyncio.get_running_loop().call_later(delay, controller.abort)
-        try:
-            if stream:
-                async with llm.astream(prompt, max_tokens=2000, signal=controller.signal) as s:
-                    async for _ in s:
-                        pass
-            else:
-                await llm.agenerate(prompt, max_tokens=2000, signal=controller.signal)
-        except GenerationCancelledError:
-            raised = time.perf_counter()
-        await llm.aclose()
-        assert controller.signal.aborted_at is not None
-        return controller.signal.aborted_at, raised
+    def cancel_seen(before: int, stopped: float) -> None:
+        deadline = time.monotonic() + 5
+        while len(server.cancelled_tasks()) <= before and time.monotonic() < deadline:
+            time.sleep(0.001)
+        seen = len(server.cancelled_tasks()) > before
+        cancel_ms.append((time.perf_counter() - stopped) * 1000 if seen else float("nan"))
 
-    async def by_task_cancel(coro_fn: Callable[[], Any]) -> tuple[float, float]:
-        task = asyncio.ensure_future(coro_fn())
-        await asyncio.sleep(delay)
-        stopped = time.perf_counter()
-        task.cancel()
-        try:
-            await task
-        except asyncio.CancelledError:
-            pass
-        return stopped, time.perf_counter()
-
-    async def openai_python() -> tuple[float, float]:
+    if client == "openai-python sync stream.close()":
         import openai
 
-        oc = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+        oc = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+        for _ in range(n):
+            server.wait_idle(10)
+            before = len(server.cancelled_tasks())
+            s = oc.chat.completions.create(model="m", messages=messages, max_tokens=2000, stream=True)  # type: ignore[arg-type]
+            stopped_at: list[float] = []
 
-        async def run() -> None:
+            def close(s: Any = s, stopped_at: list[float] = stopped_at) -> None:
+                stopped_at.append(time.perf_counter())
+                s.close()
+
+            threading.Timer(delay, close).start()
+            try:
+                for _c in s:
+                    pass
+            except Exception:
+                pass
+            raise_ms.append((time.perf_counter() - stopped_at[0]) * 1000)
+            cancel_seen(before, stopped_at[0])
+        oc.close()
+        return raise_ms, cancel_ms
+
+    async def series() -> None:
+        import httpx
+        import openai
+
+        llm = create_llm("llamacpp", "m", base_url=server.url, max_retries=0)
+        oc = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+        hc = httpx.AsyncClient(base_url=server.url, timeout=None)
+        body = {"model": "m", "messages": messages, "max_tokens": 2000, "stream": stream}
+
+        async def ours(signal: Any = None) -> None:
             if stream:
-                s = await oc.chat.completions.create(model="m", messages=body["messages"], max_tokens=2000, stream=True)
-                async for _ in s:
+                async with llm.astream(prompt, max_tokens=2000, signal=signal) as st:
+                    async for _ in st:
+                        pass
+            else:
+                await llm.agenerate(prompt, max_tokens=2000, signal=signal)
+
+        async def theirs() -> None:
+            if stream:
+                st = await oc.chat.completions.create(
+                    model="m",
+                    messages=messages,
+                    max_tokens=2000,  # type: ignore[arg-type]
+                    stream=True,
+                )
+                async for _ in st:
                     pass
             else:
-                await oc.chat.completions.create(model="m", messages=body["messages"], max_tokens=2000)
+                await oc.chat.completions.create(model="m", messages=messages, max_tokens=2000)  # type: ignore[arg-type]
 
-        try:
-            return await by_task_cancel(run)
-        finally:
-            await oc.close()
+        async def plain() -> None:
+            async with hc.stream("POST", "/v1/chat/completions", json=body) as resp:
+                async for _ in resp.aiter_bytes():
+                    pass
 
-    async def plain_httpx() -> tuple[float, float]:
-        import httpx
+        for _ in range(n):
+            await asyncio.to_thread(server.wait_idle, 10)
+            before = len(server.cancelled_tasks())
+            if client == "abstract-client abort()":
+                controller = AbortController()
+                asyncio.get_running_loop().call_later(delay, controller.abort)
+                try:
+                    await ours(controller.signal)
+                except GenerationCancelledError:
+                    raised = time.perf_counter()
+                assert controller.signal.aborted_at is not None
+                stopped = controller.signal.aborted_at
+            else:
+                fn = {
+                    "abstract-client task.cancel()": ours,
+                    "openai-python task.cancel()": theirs,
+                    "httpx task.cancel()": plain,
+                }[client]
+                task = asyncio.ensure_future(fn())
+                await asyncio.sleep(delay)
+                stopped = time.perf_counter()
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
+                raised = time.perf_counter()
+            raise_ms.append((raised - stopped) * 1000)
+            await asyncio.to_thread(cancel_seen, before, stopped)
+        await llm.aclose()
+        await oc.close()
+        await hc.aclose()
 
-        async with httpx.AsyncClient(base_url=url, timeout=None) as hc:
-
-            async def run() -> None:
-                async with hc.stream("POST", "/v1/chat/completions", json=body) as resp:
-                    async for _ in resp.aiter_bytes():
-                        pass
-
-            return await by_task_cancel(run)
-
-    fn = {"abstract-client": ours, "openai-python": openai_python, "httpx": plain_httpx}[client]
-    return asyncio.run(fn())
+    asyncio.run(series())
+    return raise_ms, cancel_ms
 
 
 def main() -> None:
