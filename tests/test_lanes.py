@@ -323,3 +323,44 @@ def test_fake_sees_the_stop_within_50_ms(fake: type) -> None:
                         controller.abort() if use_signal else event.set()
             seen = server.wait_for_disconnect(server.last)
             assert (seen - t0) < 0.050, f"server saw the stop {(seen - t0) * 1000:.1f} ms after it"
+
+
+def test_ollama_show_and_version() -> None:
+    with FakeOllamaServer() as server, create_llm("ollama", "fake-model", base_url=server.base_url) as llm:
+        provider = llm.provider
+        assert anyio_run(provider.version) == "0.33.0"  # type: ignore[attr-defined]
+        assert anyio_run(provider.show)["capabilities"] == ["completion"]  # type: ignore[attr-defined]
+
+
+def anyio_run(fn):  # type: ignore[no-untyped-def]
+    import anyio
+
+    return anyio.run(fn)
+
+
+@respx.mock
+def test_llamacpp_router_mode_load_and_unload() -> None:
+    base = "http://router.test"
+    state = {"value": "unloaded"}
+
+    def models(_: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"data": [{"id": "smollm2", "status": {"value": state["value"]}}]})
+
+    def load(request: httpx.Request) -> httpx.Response:
+        assert json.loads(request.content) == {"model": "smollm2"}
+        state["value"] = "loaded"
+        return httpx.Response(200, json={"success": True})
+
+    def unload(request: httpx.Request) -> httpx.Response:
+        state["value"] = "unloaded"
+        return httpx.Response(200, json={"success": True})
+
+    respx.get(f"{base}/models").mock(side_effect=models)
+    respx.post(f"{base}/models/load").mock(side_effect=load)
+    respx.post(f"{base}/models/unload").mock(side_effect=unload)
+    with create_llm("llamacpp", "smollm2", base_url=base) as llm:
+        assert [(m.id, m.loaded) for m in llm.list_models()] == [("smollm2", False)]
+        llm.load_model()
+        assert state["value"] == "loaded"
+        report = llm.unload_model()
+        assert report.server_unloaded and state["value"] == "unloaded"

@@ -1,0 +1,108 @@
+"""The public surface: AbortController/AbortSignal semantics, the registry, exports."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+import abstract_client
+from abstract_client import (
+    AbortController,
+    AbortError,
+    AbortSignal,
+    GenerationCancelledError,
+    Provider,
+    available_providers,
+    create_llm,
+    register_provider,
+)
+from abstract_client.testing import FakeOpenAIServer
+
+
+def test_all_exports_exist() -> None:
+    for name in abstract_client.__all__:
+        assert hasattr(abstract_client, name), name
+
+
+def test_abort_controller_dom_semantics() -> None:
+    controller = AbortController()
+    signal = controller.signal
+    seen: list[object] = []
+    signal.add_listener(lambda s: seen.append(s.reason))
+    removed: list[object] = []
+
+    def never(s: AbortSignal) -> None:
+        removed.append(s)
+
+    signal.add_listener(never)
+    signal.remove_listener(never)
+    assert not signal.aborted and signal.reason is None
+    signal.throw_if_aborted()  # no-op while not aborted
+    controller.abort("bye")
+    controller.abort("again")  # only the first abort counts
+    assert signal.aborted and signal.reason == "bye" and seen == ["bye"] and removed == []
+    with pytest.raises(AbortError):
+        signal.throw_if_aborted()
+    late: list[object] = []
+    signal.add_listener(late.append)  # like the DOM: not called for an already-aborted signal
+    assert late == []
+    default = AbortController()
+    default.abort()
+    assert isinstance(default.signal.reason, AbortError)
+    with pytest.raises(AbortError):
+        default.signal.throw_if_aborted()
+
+
+def test_abort_signal_timeout_any_and_blocking_wait() -> None:
+    t0 = time.monotonic()
+    signal = AbortSignal.timeout(0.1)
+    assert signal.wait(5)
+    assert 0.09 <= time.monotonic() - t0 < 2 and isinstance(signal.reason, TimeoutError)
+    user = AbortController()
+    combined = AbortSignal.any([user.signal, AbortSignal.timeout(30)])
+    threading.Timer(0.05, user.abort, args=("user pressed stop",)).start()
+    assert combined.wait(5) and combined.reason == "user pressed stop"
+    assert AbortSignal.any([AbortSignal.abort("x")]).reason == "x"
+    with pytest.raises(TypeError):
+        AbortSignal.any([object()])  # type: ignore[list-item]
+
+
+def test_abort_from_many_threads_fires_listeners_once() -> None:
+    controller = AbortController()
+    calls: list[int] = []
+    controller.signal.add_listener(lambda s: calls.append(1))
+    threads = [threading.Thread(target=controller.abort) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert calls == [1]
+
+
+def test_registry_builtin_third_party_and_unknown() -> None:
+    assert {"openai-compatible", "llamacpp", "vllm", "ollama", "lmstudio", "mlx"} <= set(available_providers())
+    with pytest.raises(ValueError, match="unknown provider"):
+        create_llm("nope")
+
+    from providers.openai_compatible import OpenAICompatibleProvider
+
+    class Mine(OpenAICompatibleProvider):
+        name = "mine"
+
+    register_provider("mine", Mine)
+    with FakeOpenAIServer(answer="hello") as server:
+        llm = create_llm("mine", "fake-model", base_url=server.base_url)
+        with llm:
+            assert isinstance(llm.provider, Provider) and llm.generate("x").content == "hello"
+            with pytest.raises(GenerationCancelledError):
+                llm.generate("x", signal=AbortSignal.abort())  # a third-party lane gets the contract too
+
+
+def test_closed_llm_refuses_new_calls() -> None:
+    with FakeOpenAIServer() as server:
+        llm = create_llm("openai-compatible", "fake-model", base_url=server.base_url)
+        llm.close()
+        with pytest.raises(abstract_client.AbstractClientError, match="closed"):
+            llm.generate("x")
