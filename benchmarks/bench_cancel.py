@@ -317,17 +317,20 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     results: dict[str, Any] = {"fake": fake_cases(args.n)}
+    if not args.json:  # print as soon as a table is ready: the real-server lane takes minutes
+        print_table(
+            f"Fake OpenAI server on loopback: stop → raise and stop → server EOF (ms), n={args.n}", results["fake"]
+        )
+        sys.stdout.flush()
     if args.llamacpp:
         results["llamacpp"] = llamacpp_cases(args.llama_n)
+        if not args.json:
+            print_table(
+                f"Real llama-server + SmolLM2-135M: stop → raise and stop → 'cancel task' (ms), n={args.llama_n}",
+                results["llamacpp"],
+            )
     if args.json:
         print(json.dumps(results, indent=2, default=str))
-        return
-    print_table(f"Fake OpenAI server on loopback: stop → raise and stop → server EOF (ms), n={args.n}", results["fake"])
-    if "llamacpp" in results:
-        print_table(
-            f"Real llama-server + SmolLM2-135M: stop → raise and stop → 'cancel task' (ms), n={args.llama_n}",
-            results["llamacpp"],
-        )
 
 
 if __name__ == "__main__":
