@@ -5,7 +5,7 @@ llama-server, vLLM and LM Studio reuse this wire mapping (subclasses add their f
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 from abstract_client.errors import ProviderProtocolError
@@ -114,14 +114,18 @@ def completion_from(obj: Any) -> Completion:
     )
 
 
-async def openai_sse_chunks(resp: Any) -> AsyncIterator[StreamChunk]:
-    """Chunks of an OpenAI-style SSE stream, ending at ``[DONE]``. A stream that ends without
-    ``[DONE]`` is accepted only if a finish_reason was seen; else it was cut short."""
+async def openai_sse_chunks(
+    resp: Any, mapping: Callable[[Any], StreamChunk] | None = None
+) -> AsyncIterator[StreamChunk]:
+    """Chunks of an OpenAI-style SSE stream (chat chunks, or another ``mapping`` such as
+    ``/v1/completions`` text chunks), ending at ``[DONE]``. A stream that ends without ``[DONE]``
+    is accepted only if a finish_reason was seen; else it was cut short."""
+    to_chunk = mapping or chunk_from
     finished = False
     async for event in sse_events(resp):
         if event.data.strip() == "[DONE]":
             return
-        chunk = chunk_from(load_frame(event.data))
+        chunk = to_chunk(load_frame(event.data))
         finished = finished or chunk.finish_reason is not None
         yield chunk
     if not finished:

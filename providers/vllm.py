@@ -20,11 +20,11 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from abstract_client.errors import NotSupportedError, ProviderProtocolError
-from abstract_client.http.wire import json_body, load_frame, poll_until_ready, raise_for_status, sse_events
+from abstract_client.http.wire import json_body, poll_until_ready, raise_for_status
 from abstract_client.provider import CallContext, Completion, UnloadReport
 from abstract_client.types import GenerationRequest, StreamChunk
 
-from .openai_compatible import OpenAICompatibleProvider, sampling_fields, usage_from
+from .openai_compatible import OpenAICompatibleProvider, openai_sse_chunks, sampling_fields, usage_from
 
 VLLM_EXTRAS = (
     "top_k",
@@ -80,15 +80,8 @@ class VLLMProvider(OpenAICompatibleProvider):
     ) -> AsyncGenerator[StreamChunk, None]:
         async with ctx.stream("POST", "/completions", json=self.completions_body(request, stream=True)) as resp:
             await raise_for_status(resp)
-            finished = False
-            async for event in sse_events(resp):
-                if event.data.strip() == "[DONE]":
-                    return
-                chunk = _text_chunk(load_frame(event.data))
-                finished = finished or chunk.finish_reason is not None
+            async for chunk in openai_sse_chunks(resp, _text_chunk):
                 yield chunk
-            if not finished:
-                raise ProviderProtocolError("the /v1/completions stream ended before its final frame")
 
     async def complete(self, request: GenerationRequest, ctx: CallContext) -> Completion:
         if not request.raw:
