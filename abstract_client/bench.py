@@ -124,6 +124,7 @@ def lane_llamacpp(n: int) -> list[Row]:
                     prompt="Write a long story about a dragon.",
                     long_prompt=long_prompt,
                     delay=0.5 if case == "prefill" else 0.3,
+                    ignore_eos=True,  # never let the answer end before the stop by chance
                 )
                 raise_ms.append((raised - stopped) * 1000)
                 seen = _poll(_more_cancels(server, before), 5, 0.001)
@@ -155,6 +156,7 @@ def lane_vllm(n: int) -> list[Row]:
                     prompt="Write a long story about a dragon.",
                     long_prompt=long_prompt,
                     delay=1.0 if case == "prefill" else 0.5,
+                    ignore_eos=True,
                 )
                 raise_ms.append((raised - stopped) * 1000)
                 idle_ms.append((_poll(lambda: server.running() == 0, 5, 0.005) - stopped) * 1000)

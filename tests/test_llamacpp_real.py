@@ -28,6 +28,8 @@ pytestmark = pytest.mark.llamacpp
 
 # SmolLM2's template adds its own default system prompt when none is given, and with that one the
 # 135M model rambles in French; any plain system prompt gets "The capital of France is Paris."
+# Long generations must not end early by chance (an EOS after a short story would make a stop
+# test pass or fail on luck): llama-server's ignore_eos keeps them going until max_tokens.
 CAPITAL = [
     {"role": "system", "content": "You are a helpful assistant."},
     {"role": "user", "content": "What is the capital of France?"},
@@ -102,7 +104,9 @@ def test_stop_mid_stream(lm: LLM, llama: LlamaServer) -> None:
     event = threading.Event()
     n = 0
     with pytest.raises(GenerationCancelledError) as info:
-        for chunk in lm.stream("Write a very long story about a dragon.", max_tokens=2000, cancel_event=event):
+        for chunk in lm.stream(
+            "Write a very long story about a dragon.", max_tokens=2000, ignore_eos=True, cancel_event=event
+        ):
             n += bool(chunk.delta)
             if n == 10:
                 t0 = time.perf_counter()
@@ -118,7 +122,7 @@ def test_stop_non_streaming(lm: LLM, llama: LlamaServer) -> None:
     threading.Timer(1.0, event.set).start()
     t0 = time.perf_counter()
     with pytest.raises(GenerationCancelledError):
-        lm.generate("Write a very long story about a dragon.", max_tokens=2000, cancel_event=event)
+        lm.generate("Write a very long story about a dragon.", max_tokens=2000, ignore_eos=True, cancel_event=event)
     assert time.perf_counter() - t0 < 1.5
     assert_server_stopped(llama, before)
 
@@ -142,7 +146,9 @@ async def test_abort_controller_async(lm: LLM, llama: LlamaServer, anyio_backend
     before = len(llama.cancelled_tasks())
     controller = AbortController()
     with pytest.raises(GenerationCancelledError):
-        async with lm.astream("Tell me a long story.", max_tokens=2000, signal=controller.signal) as stream:
+        async with lm.astream(
+            "Tell me a long story.", max_tokens=2000, ignore_eos=True, signal=controller.signal
+        ) as stream:
             n = 0
             async for chunk in stream:
                 n += bool(chunk.delta)
@@ -157,7 +163,7 @@ async def test_asyncio_task_cancellation(lm: LLM, llama: LlamaServer, anyio_back
     import asyncio
 
     before = len(llama.cancelled_tasks())
-    task = asyncio.ensure_future(lm.agenerate("Tell me a long story.", max_tokens=2000))
+    task = asyncio.ensure_future(lm.agenerate("Tell me a long story.", max_tokens=2000, ignore_eos=True))
     await asyncio.sleep(1.0)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -172,7 +178,7 @@ def test_stop_is_never_retried(llama: LlamaServer) -> None:
         controller = AbortController()
         threading.Timer(0.7, controller.abort).start()
         with pytest.raises(GenerationCancelledError):
-            lm.generate("Tell me a long story.", max_tokens=2000, signal=controller.signal)
+            lm.generate("Tell me a long story.", max_tokens=2000, ignore_eos=True, signal=controller.signal)
         time.sleep(1.5)
         new_log = llama.log_text()[len(before_log) :]
     assert new_log.count("processing task") == 1, new_log[-2000:]  # one task: never retried

@@ -99,7 +99,7 @@ def test_structured_output_json_schema(lm: LLM) -> None:
 def test_stop_mid_stream(lm: LLM, vllm: VLLMServer) -> None:
     event = threading.Event()
     with pytest.raises(GenerationCancelledError) as info:
-        for i, _ in enumerate(lm.stream(STORY, max_tokens=1500, cancel_event=event)):
+        for i, _ in enumerate(lm.stream(STORY, max_tokens=1500, ignore_eos=True, cancel_event=event)):
             if i == 10:
                 event.set()
     assert info.value.partial_text
@@ -111,7 +111,7 @@ def test_stop_non_streaming(lm: LLM, vllm: VLLMServer) -> None:
     threading.Timer(1.5, event.set).start()
     t0 = time.perf_counter()
     with pytest.raises(GenerationCancelledError):
-        lm.generate(STORY, max_tokens=1500, cancel_event=event)
+        lm.generate(STORY, max_tokens=1500, ignore_eos=True, cancel_event=event)
     assert time.perf_counter() - t0 < 2.5
     assert_vllm_stopped(vllm)
 
@@ -119,7 +119,7 @@ def test_stop_non_streaming(lm: LLM, vllm: VLLMServer) -> None:
 def test_stop_during_prefill_of_a_long_prompt(lm: LLM, vllm: VLLMServer) -> None:
     prompt = "Summarise: " + " ".join(f"word{i % 97}" for i in range(600))  # ~1800 tokens, 64 per step
     controller = AbortController()
-    threading.Timer(1.0, controller.abort).start()
+    threading.Timer(0.5, controller.abort).start()
     with pytest.raises(GenerationCancelledError) as info:
         for _ in lm.stream(prompt, max_tokens=50, signal=controller.signal):
             pass
@@ -133,7 +133,7 @@ def test_stop_during_prefill_of_a_long_prompt(lm: LLM, vllm: VLLMServer) -> None
 async def test_abort_controller_async(lm: LLM, vllm: VLLMServer, anyio_backend: str) -> None:
     controller = AbortController()
     with pytest.raises(GenerationCancelledError):
-        async with lm.astream(STORY, max_tokens=1500, signal=controller.signal) as stream:
+        async with lm.astream(STORY, max_tokens=1500, ignore_eos=True, signal=controller.signal) as stream:
             n = 0
             async for _ in stream:
                 n += 1
@@ -147,7 +147,7 @@ async def test_abort_controller_async(lm: LLM, vllm: VLLMServer, anyio_backend: 
 async def test_asyncio_task_cancellation(lm: LLM, vllm: VLLMServer, anyio_backend: str) -> None:
     import asyncio
 
-    task = asyncio.ensure_future(lm.agenerate(STORY, max_tokens=1500))
+    task = asyncio.ensure_future(lm.agenerate(STORY, max_tokens=1500, ignore_eos=True))
     await asyncio.sleep(1.5)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
