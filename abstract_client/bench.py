@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import statistics
 import tempfile
 import threading
 import time
@@ -225,6 +224,11 @@ def _poll(predicate: Callable[[], bool], timeout: float, interval: float) -> flo
     return float("nan")
 
 
+def _note_row(lane: str, note: str) -> Row:
+    """A lane with no figures (skipped or failed), listed with the reason."""
+    return {"lane": lane, "case": "-", "n": 0, "p50_ms": None, "p99_ms": None, "server_evidence": note}
+
+
 def collect(lanes: str, n: int) -> list[Row]:
     wanted = [name.strip() for name in lanes.split(",") if name.strip()]
     runners: list[tuple[str, Callable[[], list[Row]]]] = []
@@ -254,27 +258,9 @@ def collect(lanes: str, n: int) -> list[Row]:
         try:
             rows += run()
         except _Skip as skip:
-            rows.append(
-                {
-                    "lane": lane,
-                    "case": "-",
-                    "n": 0,
-                    "p50_ms": None,
-                    "p99_ms": None,
-                    "server_evidence": f"skipped: {skip}",
-                }
-            )
+            rows.append(_note_row(lane, f"skipped: {skip}"))
         except Exception as exc:  # a lane that fails is reported, not hidden
-            rows.append(
-                {
-                    "lane": lane,
-                    "case": "-",
-                    "n": 0,
-                    "p50_ms": None,
-                    "p99_ms": None,
-                    "server_evidence": f"failed: {type(exc).__name__}: {exc}",
-                }
-            )
+            rows.append(_note_row(lane, f"failed: {type(exc).__name__}: {exc}"))
     return rows
 
 
@@ -305,4 +291,4 @@ def _cell(value: float | None) -> str:
     return "-" if value is None or value != value else f"{value:.2f}"
 
 
-__all__ = ["collect", "run_lane_table", "statistics"]
+__all__ = ["collect", "run_lane_table"]

@@ -6,6 +6,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 
 def set_later(fn: Callable[[], object], delay: float) -> threading.Thread:
@@ -31,3 +32,23 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 5.0, interval: fl
             return True
         time.sleep(interval)
     return predicate()
+
+
+def stream_in_threads(
+    llm: Any, n: int, prompt: str = "x", **kwargs: Any
+) -> tuple[list[threading.Thread], list[BaseException]]:
+    """Start ``n`` threads that each consume ``llm.stream(prompt, **kwargs)`` to the end; every
+    exception they end with is collected (in order of arrival) in the returned list."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            for _ in llm.stream(prompt, **kwargs):
+                pass
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(n)]
+    for t in threads:
+        t.start()
+    return threads, errors

@@ -20,7 +20,7 @@ from abstract_client import (
 )
 from abstract_client.testing import FakeLMStudioServer, FakeOllamaServer
 
-from .helpers import wait_until
+from .helpers import stream_in_threads, wait_until
 
 OLLAMA = "http://ollama.test"
 LMS = "http://lmstudio.test"
@@ -150,17 +150,7 @@ def test_ollama_eject_stops_our_requests_first_then_unloads() -> None:
         FakeOllamaServer(token_delay=0.02) as server,
         create_llm("ollama", "fake-model", base_url=server.base_url) as llm,
     ):
-        errors: list[BaseException] = []
-
-        def run() -> None:
-            try:
-                list(llm.stream("x", max_tokens=10_000))
-            except BaseException as exc:
-                errors.append(exc)
-
-        threads = [threading.Thread(target=run) for _ in range(3)]
-        for t in threads:
-            t.start()
+        threads, errors = stream_in_threads(llm, 3, max_tokens=10_000)
         assert wait_until(lambda: len(llm.in_flight) == 3)
         t0 = time.perf_counter()
         report = llm.unload_model(drain_timeout=5)
@@ -258,16 +248,7 @@ def test_lmstudio_model_unloaded_racing_our_eject_is_the_stop() -> None:
         FakeLMStudioServer(token_delay=0.02) as server,
         create_llm("lmstudio", "fake-model", base_url=server.base_url, max_retries=3) as llm,
     ):
-        errors: list[BaseException] = []
-
-        def run() -> None:
-            try:
-                list(llm.stream("x", max_tokens=10_000))
-            except BaseException as exc:
-                errors.append(exc)
-
-        thread = threading.Thread(target=run)
-        thread.start()
+        (thread,), errors = stream_in_threads(llm, 1, max_tokens=10_000)
         assert wait_until(lambda: bool(server.records) and server.last.tokens_sent > 3)
         llm.unload_model(drain_timeout=5)
         thread.join(5)

@@ -29,6 +29,8 @@ mx = pytest.importorskip("mlx.core", reason="the mlx extra is part of the test i
 from abstract_client.testing.tiny_mlx import build_tiny_llama  # noqa: E402
 from providers.mlx import MLXProvider  # noqa: E402
 
+from .helpers import stream_in_threads  # noqa: E402
+
 NO_EOS = {"logit_bias": {1: -1e9}}  # the tiny model's EOS id: generations run until max_tokens
 
 
@@ -171,18 +173,7 @@ def test_eject_during_generation_frees_memory_and_reloads(tiny_dir: Path, caplog
     mx.clear_cache()
     baseline = mx.get_active_memory()
     llm = create_llm("mlx", str(tiny_dir))
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            for _ in llm.stream("hello", max_tokens=1_000_000, **NO_EOS):
-                pass
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run) for _ in range(3)]
-    for t in threads:
-        t.start()
+    threads, errors = stream_in_threads(llm, 3, "hello", max_tokens=1_000_000, **NO_EOS)
     deadline = time.monotonic() + 10
     while len(llm.in_flight) < 3 and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -24,7 +24,7 @@ from abstract_client import (
 )
 from abstract_client.testing import FakeLMStudioServer, FakeOllamaServer, FakeOpenAIServer
 
-from .helpers import wait_until
+from .helpers import stream_in_threads, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("soak", ROOT / "benchmarks" / "soak.py")
@@ -107,17 +107,7 @@ def _peer_closed(conn: socket.socket) -> bool:
 def test_eject_under_load_on_a_fake_http_lane(fake: type) -> None:
     provider = {FakeOpenAIServer: "openai-compatible", FakeOllamaServer: "ollama", FakeLMStudioServer: "lmstudio"}
     with fake(token_delay=0.02) as server, create_llm(provider[fake], "fake-model", base_url=server.base_url) as llm:
-        errors: list[BaseException] = []
-
-        def run() -> None:
-            try:
-                list(llm.stream("x", max_tokens=10_000))
-            except BaseException as exc:
-                errors.append(exc)
-
-        threads = [threading.Thread(target=run) for _ in range(20)]
-        for t in threads:
-            t.start()
+        threads, errors = stream_in_threads(llm, 20, max_tokens=10_000)
         assert wait_until(lambda: len(llm.in_flight) == 20)
         late: list[object] = []
         eject = threading.Thread(target=lambda: late.append(llm.unload_model(drain_timeout=10)))
@@ -146,17 +136,7 @@ def test_eject_under_load_on_the_mlx_lane(tmp_path: Path) -> None:
     mx.clear_cache()
     baseline = mx.get_active_memory()
     llm = create_llm("mlx", str(model))
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            list(llm.stream("x", max_tokens=100_000, logit_bias={1: -1e9}))
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run) for _ in range(20)]
-    for t in threads:
-        t.start()
+    threads, errors = stream_in_threads(llm, 20, max_tokens=100_000, logit_bias={1: -1e9})
     assert wait_until(lambda: len(llm.in_flight) == 20, timeout=20)
     report = llm.unload_model(drain_timeout=30)
     for t in threads:

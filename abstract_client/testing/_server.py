@@ -19,7 +19,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -506,7 +506,3 @@ def _split_tokens(text: str) -> list[str]:
     import re
 
     return re.findall(r"\s*\S+", text) or [text]
-
-
-def iter_nonempty(items: list[str]) -> Iterator[str]:
-    return (x for x in items if x)
