@@ -1,4 +1,6 @@
-"""The sync API's event loop: one daemon thread per process runs the same async contract.
+"""The sync API's event loop: each ``LLM`` owns one daemon thread that runs the same async
+contract, started on the first sync call and ended by ``LLM.close()`` (or when the LLM is
+garbage-collected).
 
 So there is one code path for sync and async: a sync call submits the coroutine here and blocks
 on its result. A ``KeyboardInterrupt`` (or any exception) in the waiting thread stops the call
@@ -41,7 +43,13 @@ class Portal:
                 def run() -> None:
                     asyncio.set_event_loop(loop)
                     loop.call_soon(ready.set)
-                    loop.run_forever()
+                    try:
+                        loop.run_forever()
+                        # Finalise what is left (e.g. the parked generators that close this
+                        # loop's HTTP clients) before the loop goes.
+                        loop.run_until_complete(loop.shutdown_asyncgens())
+                    finally:
+                        loop.close()
 
                 self._thread = threading.Thread(target=run, name="abstract-client-sync", daemon=True)
                 self._thread.start()
@@ -52,6 +60,24 @@ class Portal:
     @property
     def thread(self) -> threading.Thread | None:
         return self._thread
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """End the loop thread (idempotent; a later ``run`` starts a new one)."""
+        with self._lock:
+            loop, thread = self._loop, self._thread
+            self._loop = self._thread = None
+        if loop is None or thread is None or not thread.is_alive():
+            return
+        try:
+            loop.call_soon_threadsafe(loop.stop)
+        except RuntimeError:  # already closed
+            return
+        if threading.current_thread() is not thread:
+            thread.join(timeout)
 
     def run(
         self,
@@ -107,10 +133,3 @@ class Portal:
             asyncio.run_coroutine_threadsafe(fn(), self.loop)
         except RuntimeError:
             pass
-
-
-_portal = Portal()
-
-
-def portal() -> Portal:
-    return _portal

@@ -94,8 +94,10 @@ class AbortSignal:
             if self._event.is_set():
                 return False
             self._reason = reason
-            self.aborted_at = time.perf_counter()
+            # Flag first, then the time: whoever reads a time has a flag that is already up (a
+            # result completed after ``aborted_at`` really was judged complete before the abort).
             self._event.set()
+            self.aborted_at = time.perf_counter()
             listeners, self._listeners = self._listeners, []
         for fn in listeners:
             try:

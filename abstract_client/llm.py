@@ -1,7 +1,9 @@
 """The ``LLM`` facade: the same application code for every backend, sync and async twins.
 
 Every generation method builds one :class:`~abstract_client.contract.Call` and hands it to the
-contract; nothing here talks to a backend directly.
+contract; model management runs through the contract's ``run_operation``. Nothing here talks to
+a backend directly. The LLM owns its sync runtime (the loop thread the sync API runs on) and
+shuts it down in ``close()``.
 """
 
 from __future__ import annotations
@@ -10,18 +12,23 @@ import logging
 import threading
 import time
 import uuid
-from typing import Any
+import weakref
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import anyio
 
-from ._portal import Portal, portal
-from .contract import Call, GenerationStream, run_generation, stopped_error
+from ._portal import Portal
+from .abort import AbortSignal
+from .contract import Call, CallSpec, GenerationStream, operation_spec, run_generation, run_operation, stopped_error
 from .errors import AbstractClientError, ModelBusyError, StopReason
 from .http.retry import RetryPolicy
 from .provider import ModelInfo, Provider, UnloadReport
 from .stop import InflightRegistry, StopToken
 from .sync_stream import SyncGenerationStream
 from .types import GenerateResult, GenerationRequest, Message, Timeout
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +43,13 @@ class LLM:
         self.timeout = Timeout.coerce(timeout)
         self.retry = RetryPolicy(max_retries=max_retries)
         self._inflight = InflightRegistry()
+        self._operations = InflightRegistry()  # model management calls (stopped by close())
         self._ejecting = threading.Event()
         self._closed = False
-        self._portal: Portal = portal()
+        self._portal = Portal()
+        # An LLM dropped without close() still ends its loop thread (the portal holds no
+        # reference back to the LLM, so this does not keep it alive).
+        self._finalizer = weakref.finalize(self, self._portal.shutdown)
 
     def __repr__(self) -> str:
         return f"<LLM provider={self.provider.name!r} model={self.provider.model!r}>"
@@ -86,31 +97,31 @@ class LLM:
         if prompt is not None:
             msgs.append({"role": "user", "content": prompt})
         raw = bool(extra.pop("raw", False))
+        plain_wire = bool(extra.pop("plain_wire", False))
         request = GenerationRequest(
             messages=msgs,
             model=extra.pop("model", None) or self.provider.model,
             prompt=prompt,
             raw=raw,
+            plain_wire=plain_wire,
             max_tokens=max_tokens,
             temperature=temperature,
             seed=seed,
             stop=[stop] if isinstance(stop, str) else (list(stop) if stop else None),
             extra=extra,
         )
-        token = StopToken(request_id or uuid.uuid4().hex)
-        token.bind(cancel_event=cancel_event, signal=signal)  # TypeError now, never ignored
-        return Call(
+        StopToken.check_sources(cancel_event, signal)  # a TypeError now, never ignored
+        spec = CallSpec(
             provider=self.provider,
             request=request,
-            token=token,
-            registry=self._inflight,
             timeout=Timeout.coerce(timeout, self.timeout),
             retry=self.retry,
-            # Streams are always stoppable (break is a stop), so they always get a severable
-            # private connection; so do calls that carry a stop source of their own.
-            private=stream or token.has_external_source,
-            gate=self._ejecting,
+            cancel_event=cancel_event,  # type: ignore[arg-type]
+            signal=signal,  # type: ignore[arg-type]
         )
+        # Every generation runs on a severable private connection: whether it is stopped by its
+        # own source, cancel(id), cancel_all() or an eject, the server hears it the same way.
+        return Call(spec, StopToken(request_id or uuid.uuid4().hex), self._inflight, gate=self._ejecting)
 
     # -- generation ---------------------------------------------------------------------------
 
@@ -216,7 +227,7 @@ class LLM:
             stream=True,
             extra=extra,
         )
-        return SyncGenerationStream(GenerationStream(call), self._portal)
+        return SyncGenerationStream(GenerationStream(call), self._portal, owner=self)
 
     def astream(
         self,
@@ -262,25 +273,73 @@ class LLM:
         return self._inflight.cancel_all(reason)
 
     # -- models ---------------------------------------------------------------------------------
+    # Each runs through the contract (``run_operation``): stoppable by ``cancel_event``/``signal``
+    # and by close(), bounded by ``timeout``, raising only this library's errors.
 
-    def list_models(self) -> list[ModelInfo]:
-        return self._portal.run(self.alist_models)
+    async def _operation(
+        self,
+        fn: Callable[[], Awaitable[T]],
+        timeout: float | None,
+        cancel_event: threading.Event | None = None,
+        signal: AbortSignal | None = None,
+        request_id: str | None = None,
+    ) -> T:
+        if self._closed:
+            raise AbstractClientError("this LLM is closed", provider=self.provider.name)
+        spec = operation_spec(self.provider, timeout, cancel_event=cancel_event, signal=signal)
+        return await run_operation(spec, fn, registry=self._operations, request_id=request_id or uuid.uuid4().hex)
 
-    async def alist_models(self) -> list[ModelInfo]:
-        return await self.provider.list_models()
+    def _run_operation(self, make: Callable[[str], Awaitable[T]]) -> T:
+        request_id = uuid.uuid4().hex
 
-    def load_model(self) -> None:
-        self._portal.run(self.aload_model)
+        async def run() -> T:
+            return await make(request_id)
 
-    async def aload_model(self) -> None:
-        await self.provider.load_model()
+        return self._portal.run(run, on_interrupt=lambda: self._operations.cancel(request_id))
 
-    def unload_model(self, drain_timeout: float = 30.0) -> UnloadReport:
-        return self._portal.run(lambda: self.aunload_model(drain_timeout))
+    def list_models(
+        self, *, timeout: float | None = 30.0, cancel_event: threading.Event | None = None, signal: Any = None
+    ) -> list[ModelInfo]:
+        return self._run_operation(
+            lambda rid: self.alist_models(timeout=timeout, cancel_event=cancel_event, signal=signal, request_id=rid)
+        )
 
-    async def aunload_model(self, drain_timeout: float = 30.0) -> UnloadReport:
+    async def alist_models(
+        self,
+        *,
+        timeout: float | None = 30.0,
+        cancel_event: threading.Event | None = None,
+        signal: Any = None,
+        request_id: str | None = None,
+    ) -> list[ModelInfo]:
+        return await self._operation(self.provider.list_models, timeout, cancel_event, signal, request_id)
+
+    def load_model(
+        self, *, timeout: float | None = 600.0, cancel_event: threading.Event | None = None, signal: Any = None
+    ) -> None:
+        self._run_operation(
+            lambda rid: self.aload_model(timeout=timeout, cancel_event=cancel_event, signal=signal, request_id=rid)
+        )
+
+    async def aload_model(
+        self,
+        *,
+        timeout: float | None = 600.0,
+        cancel_event: threading.Event | None = None,
+        signal: Any = None,
+        request_id: str | None = None,
+    ) -> None:
+        await self._operation(self.provider.load_model, timeout, cancel_event, signal, request_id)
+
+    def unload_model(self, drain_timeout: float = 30.0, *, timeout: float | None = 120.0) -> UnloadReport:
+        return self._run_operation(lambda rid: self.aunload_model(drain_timeout, timeout=timeout, request_id=rid))
+
+    async def aunload_model(
+        self, drain_timeout: float = 30.0, *, timeout: float | None = 120.0, request_id: str | None = None
+    ) -> UnloadReport:
         """Eject: refuse new calls meanwhile, stop ours in flight (reason ``model_eject``), wait
-        for them to drain, then the lane's own unload. The LLM stays usable afterwards."""
+        for them to drain, then the lane's own unload (bounded by ``timeout``). The LLM stays
+        usable afterwards."""
         self._ejecting.set()
         try:
             started = time.monotonic()
@@ -292,7 +351,9 @@ class LLM:
                     model=self.provider.model,
                 )
             remaining = max(0.0, drain_timeout - (time.monotonic() - started))
-            report = await self.provider.unload_model(drain_timeout=remaining)
+            report = await self._operation(
+                lambda: self.provider.unload_model(drain_timeout=remaining), timeout, request_id=request_id
+            )
             report.stopped_requests = stopped
             log.info("%s: unloaded %s (%d call(s) stopped)", self.provider.name, self.provider.model, stopped)
             return report
@@ -301,32 +362,44 @@ class LLM:
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Block until the backend answers its readiness probe (or raise on ``timeout``)."""
-        self._portal.run(lambda: self.await_ready(timeout))
+        self._run_operation(lambda rid: self.await_ready(timeout, request_id=rid))
 
-    async def await_ready(self, timeout: float = 60.0) -> None:
-        with anyio.fail_after(timeout + 5):
-            await self.provider.wait_ready(timeout)
+    async def await_ready(self, timeout: float = 60.0, *, request_id: str | None = None) -> None:
+        # The probe has its own deadline (a typed ServerUnavailableError); ours is the backstop.
+        await self._operation(lambda: self.provider.wait_ready(timeout), timeout + 5, request_id=request_id)
 
     # -- lifetime -------------------------------------------------------------------------------
 
     def close(self) -> None:
+        """Stop every call in flight (reason ``shutdown``), close the connections, and end the
+        sync loop thread."""
         if self._closed:
             return
         self._closed = True
-        self._inflight.cancel_all("shutdown")
+        self._stop_everything()
         self._inflight.wait_empty(5.0)
-        self._portal.run(self.provider.aclose)
+        try:
+            self._portal.run(self.provider.aclose)
+        finally:
+            self._finalizer()
 
     async def aclose(self) -> None:
         if self._closed:
             return
         self._closed = True
-        self._inflight.cancel_all("shutdown")
+        self._stop_everything()
         await self._inflight.wait_empty_async(5.0)
-        await self.provider.aclose()
-        # Clients made by sync calls live on the portal loop; close them there.
-        if self._portal.thread is not None and self._portal.thread.is_alive():
-            await anyio.to_thread.run_sync(lambda: self._portal.run(self.provider.aclose))
+        try:
+            await self.provider.aclose()
+            # Clients made by sync calls live on the sync loop; close them there, then end it.
+            if self._portal.running:
+                await anyio.to_thread.run_sync(lambda: self._portal.run(self.provider.aclose))
+        finally:
+            self._finalizer()
+
+    def _stop_everything(self) -> None:
+        self._inflight.cancel_all("shutdown")
+        self._operations.cancel_all("shutdown")
 
     def __enter__(self) -> LLM:
         return self

@@ -99,6 +99,10 @@ class UnloadReport:
 
 class Provider(abc.ABC):
     name: ClassVar[str]
+    # True: a non-streaming call is carried over the streaming wire and assembled by the contract
+    # (the server then sees a stop at its next token write, instead of at its next connection
+    # poll); ``generate(..., plain_wire=True)`` opts out per call.
+    complete_over_stream: bool = False
 
     def __init__(self, *, model: str | None, clients: HttpClients | None = None) -> None:
         self.model = model
@@ -114,7 +118,7 @@ class Provider(abc.ABC):
 
     @abc.abstractmethod
     async def complete(self, request: GenerationRequest, ctx: CallContext) -> Completion:
-        """The non-streaming call (a distinct server path: ``stream: false``)."""
+        """The non-streaming call over the server's plain route (``stream: false``)."""
 
     async def list_models(self) -> list[ModelInfo]:
         raise NotSupportedError(f"{self.name} cannot list models", provider=self.name)

@@ -21,7 +21,7 @@ import sniffio
 
 from .abort import AbortSignal
 from .errors import StopReason
-from .watcher import watcher
+from .event_hook import on_set
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ class StopToken:
         self.signal_reason: object = None
         self.stopped_at: float | None = None  # time.perf_counter() when the stop was requested
         self.internal = False  # set for stops that are not the user's (a consumer leaving a stream)
-        self.has_external_source = False
+        self._sources: tuple[threading.Event | None, AbortSignal | None] = (None, None)
 
     def __repr__(self) -> str:
         return f"<StopToken {self.request_id} reason={self.reason}>"
@@ -125,15 +125,22 @@ class StopToken:
 
         return remove
 
-    def bind(self, cancel_event: object = None, signal: object = None) -> None:
-        """Attach the caller's stop sources. Anything but a ``threading.Event`` /
-        ``AbortSignal`` is a ``TypeError`` now, never silently ignored."""
+    @staticmethod
+    def check_sources(cancel_event: object = None, signal: object = None) -> bool:
+        """Validate the caller's stop sources (anything but a ``threading.Event`` /
+        ``AbortSignal`` is a ``TypeError`` now, never silently ignored); True if there is one."""
         if cancel_event is not None and not isinstance(cancel_event, threading.Event):
             raise TypeError(f"cancel_event must be a threading.Event, not {type(cancel_event).__name__}")
         if signal is not None and not isinstance(signal, AbortSignal):
             raise TypeError(f"signal must be an abstract_client.AbortSignal, not {type(signal).__name__}")
+        return cancel_event is not None or signal is not None
+
+    def bind(self, cancel_event: threading.Event | None = None, signal: AbortSignal | None = None) -> None:
+        """Listen to the caller's stop sources until :meth:`release`. The contract calls this at
+        admission, never earlier: a call that is built but never started holds nothing."""
+        self.check_sources(cancel_event, signal)
+        self._sources = (cancel_event, signal)
         if signal is not None:
-            self.has_external_source = True
 
             def on_abort(sig: AbortSignal) -> None:
                 self.stop(reason_from_signal(sig.reason), signal_reason=sig.reason, at=sig.aborted_at)
@@ -143,14 +150,25 @@ class StopToken:
             if signal.aborted:
                 on_abort(signal)
         if cancel_event is not None:
-            self.has_external_source = True
-            if cancel_event.is_set():
-                self.stop("user")
-            else:
-                self._unbinds.append(watcher().watch_event(cancel_event, lambda: self.stop("user")))
+            self._unbinds.append(on_set(cancel_event, lambda: self.stop("user")))
+
+    def requested(self) -> bool:
+        """Whether the caller has asked for the stop, asking the sources themselves: an event
+        set or a signal aborted whose listener has not run yet counts (and stops the token now).
+        The contract's final decision (rule 7) uses this, so "a stop requested before the result
+        is handed over wins" holds to the instant, not to when a listener got scheduled."""
+        if self.reason is not None:
+            return not self.internal
+        cancel_event, signal = self._sources
+        if signal is not None and signal.aborted:
+            self.stop(reason_from_signal(signal.reason), signal_reason=signal.reason, at=signal.aborted_at)
+        elif cancel_event is not None and cancel_event.is_set():
+            self.stop("user")
+        return self.reason is not None and not self.internal
 
     def release(self) -> None:
         """Detach from the caller's sources once the call is over."""
+        self._sources = (None, None)
         unbinds, self._unbinds = self._unbinds, []
         for unbind in unbinds:
             unbind()

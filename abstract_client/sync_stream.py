@@ -8,15 +8,18 @@ is in a reference cycle).
 
 from __future__ import annotations
 
+from typing import Any
+
 from ._portal import Portal
 from .contract import GenerationStream, stopped_error
 from .types import GenerateResult, StreamChunk
 
 
 class SyncGenerationStream:
-    def __init__(self, inner: GenerationStream, portal: Portal) -> None:
+    def __init__(self, inner: GenerationStream, portal: Portal, owner: Any = None) -> None:
         self._inner = inner
         self._portal = portal
+        self._owner = owner  # the LLM: its loop thread must outlive this stream
         self._stopped = False
 
     def __repr__(self) -> str:
@@ -60,7 +63,10 @@ class SyncGenerationStream:
             raise
 
     def close(self) -> None:
-        self._portal.run(self._inner.aclose)
+        if self._inner.state == "open":
+            self._portal.run(self._inner.aclose)
+        else:
+            self._inner.abandon()
 
     def __enter__(self) -> SyncGenerationStream:
         return self

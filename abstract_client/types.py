@@ -37,6 +37,9 @@ class Timings:
 
 @dataclass(frozen=True, slots=True)
 class GenerateResult:
+    """A complete answer. ``completed_at`` (``time.perf_counter()``) is the instant the answer
+    was judged complete: a stop requested before it would have won (the contract's rule 7)."""
+
     content: str
     finish_reason: str | None
     usage: Usage | None
@@ -45,6 +48,7 @@ class GenerateResult:
     provider: str
     request_id: str
     raw: Any = None
+    completed_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +75,7 @@ class GenerationRequest:
     temperature: float | None = None
     seed: int | None = None
     stop: list[str] | None = None
+    plain_wire: bool = False  # non-streaming over the server's plain route, not the streaming wire
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -3,7 +3,7 @@
 pip install -e '.[mlx]' && python examples/demo.py
 """
 
-from abstract_client.demo import run_demo
+from abstract_client.app.demo import run_demo
 
 if __name__ == "__main__":
     raise SystemExit(run_demo())

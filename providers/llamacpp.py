@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 
 from abstract_client.errors import NotSupportedError, ProviderProtocolError
-from abstract_client.http.wire import json_body, load_frame, raise_for_status, sse_events
+from abstract_client.http.wire import expect_stream, json_body, load_frame, sse_events
 from abstract_client.provider import CallContext, Completion, ModelInfo, UnloadReport
 from abstract_client.types import GenerationRequest, StreamChunk, Usage
 
@@ -33,6 +33,7 @@ _FORBIDDEN_HEADERS = {"x-conversation-id"}
 
 class LlamaCppProvider(OpenAICompatibleProvider):
     name = "llamacpp"
+    complete_over_stream = True  # a stop reaches the server at its next token write
     default_base_url = "http://127.0.0.1:8080"
     chat_path = "/v1/chat/completions"
     models_path = "/v1/models"
@@ -63,7 +64,7 @@ class LlamaCppProvider(OpenAICompatibleProvider):
 
     async def _stream_raw(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
         async with ctx.stream("POST", "/completion", json=self.completion_body(request, stream=True)) as resp:
-            await raise_for_status(resp)
+            await expect_stream(resp)
             async for event in sse_events(resp):
                 frame = load_frame(event.data)
                 if not isinstance(frame, dict):

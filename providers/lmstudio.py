@@ -19,9 +19,11 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from typing import Any
 
+import httpx
+
 from abstract_client.errors import ProviderProtocolError
-from abstract_client.http.mapping import error_from_response
-from abstract_client.http.wire import json_body, load_frame, raise_for_status, sse_events
+from abstract_client.http.mapping import decode_json_body, error_from_response
+from abstract_client.http.wire import expect_stream, json_body, load_frame, poll_until_ready, sse_events
 from abstract_client.provider import CallContext, Completion, ModelInfo, UnloadReport
 from abstract_client.types import GenerationRequest, StreamChunk, Timings, Usage
 
@@ -30,6 +32,7 @@ from .openai_compatible import OpenAICompatibleProvider
 
 class LMStudioProvider(OpenAICompatibleProvider):
     name = "lmstudio"
+    complete_over_stream = True  # a stop reaches the server at its next token write
     default_base_url = "http://127.0.0.1:1234"
     chat_path = "/v1/chat/completions"
     models_path = "/v1/models"
@@ -72,7 +75,7 @@ class LMStudioProvider(OpenAICompatibleProvider):
 
     async def _stream_native(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
         async with ctx.stream("POST", "/api/v1/chat", json=self.native_body(request, stream=True)) as resp:
-            await raise_for_status(resp)
+            await expect_stream(resp)
             async for event in sse_events(resp):
                 data = load_frame(event.data)
                 if event.event == "error":
@@ -129,20 +132,16 @@ class LMStudioProvider(OpenAICompatibleProvider):
         )
 
     async def wait_ready(self, timeout: float) -> None:
-        # No health endpoint, and unknown paths answer 200: poll /v1/models and check its shape.
-        import anyio
-
+        # No health endpoint, and unknown paths answer 200: /v1/models must have its real shape.
         assert self.clients is not None
-        client = self.clients.get(private=False)
-        with anyio.fail_after(timeout):
-            while True:
-                try:
-                    body = (await client.get("/v1/models")).json()
-                    if isinstance(body, dict) and isinstance(body.get("data"), list):
-                        return
-                except Exception:
-                    pass
-                await anyio.sleep(0.25)
+
+        def models_listed(resp: httpx.Response) -> bool:
+            body = decode_json_body(resp.content)
+            return isinstance(body, dict) and isinstance(body.get("data"), list)
+
+        await poll_until_ready(
+            self.clients.get(private=False), "/v1/models", timeout, provider=self.name, ready=models_listed
+        )
 
 
 def _final(result: Any, delta: str | None) -> StreamChunk:

@@ -23,7 +23,7 @@ from typing import Any
 import anyio
 
 from abstract_client.errors import ProviderProtocolError, ServerUnavailableError
-from abstract_client.http.wire import json_body, ndjson_objects, poll_until_ready, raise_for_status, raise_if_error
+from abstract_client.http.wire import expect_stream, json_body, ndjson_objects, poll_until_ready, raise_if_error
 from abstract_client.provider import CallContext, Completion, ModelInfo, UnloadReport
 from abstract_client.types import GenerationRequest, StreamChunk, Timings, Usage
 
@@ -34,6 +34,7 @@ _PASSTHROUGH = ("keep_alive", "format", "think", "tools", "truncate", "images", 
 
 class OllamaProvider(OpenAICompatibleProvider):
     name = "ollama"
+    complete_over_stream = True  # a stop reaches the server at its next token write
     default_base_url = "http://127.0.0.1:11434"
     chat_path = "/v1/chat/completions"
     models_path = "/v1/models"
@@ -80,7 +81,7 @@ class OllamaProvider(OpenAICompatibleProvider):
     async def _stream_native(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
         path, body = self.native_body(request, stream=True)
         async with ctx.stream("POST", path, json=body) as resp:
-            await raise_for_status(resp)
+            await expect_stream(resp)
             async for obj in ndjson_objects(resp):
                 raise_if_error(obj)
                 chunk = _chunk(obj)
@@ -100,18 +101,21 @@ class OllamaProvider(OpenAICompatibleProvider):
 
     # -- models ------------------------------------------------------------------------------------
 
+    async def _model_list(self, path: str) -> list[dict[str, Any]]:
+        """The ``models`` list of ``/api/tags`` or ``/api/ps``; any other shape is a protocol error."""
+        body = await self.get_json(path)
+        models = body.get("models") if isinstance(body, dict) else None
+        if not isinstance(models, list):
+            raise ProviderProtocolError(f"unexpected {path} body: {str(body)[:200]}")
+        return [m for m in models if isinstance(m, dict)]
+
     async def list_models(self) -> list[ModelInfo]:
-        tags, ps = await self.get_json("/api/tags"), await self.get_json("/api/ps")
-        loaded = {m.get("name") for m in ps.get("models", []) if isinstance(m, dict)}
-        return [
-            ModelInfo(id=str(m.get("name")), loaded=m.get("name") in loaded, raw=m)
-            for m in tags.get("models", [])
-            if isinstance(m, dict)
-        ]
+        tags, ps = await self._model_list("/api/tags"), await self._model_list("/api/ps")
+        loaded = {m.get("name") for m in ps}
+        return [ModelInfo(id=str(m.get("name")), loaded=m.get("name") in loaded, raw=m) for m in tags]
 
     async def loaded_models(self) -> list[str]:
-        ps = await self.get_json("/api/ps")
-        return [str(m.get("name")) for m in ps.get("models", []) if isinstance(m, dict)]
+        return [str(m.get("name")) for m in await self._model_list("/api/ps")]
 
     async def show(self) -> Any:
         return await self.post_json("/api/show", {"model": self.model})

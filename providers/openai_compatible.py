@@ -10,7 +10,7 @@ from typing import Any
 
 from abstract_client.errors import ProviderProtocolError
 from abstract_client.http.transport import HttpClients
-from abstract_client.http.wire import json_body, load_frame, poll_until_ready, raise_for_status, sse_events
+from abstract_client.http.wire import expect_stream, json_body, load_frame, poll_until_ready, sse_events
 from abstract_client.provider import CallContext, Completion, ModelInfo, Provider
 from abstract_client.types import GenerationRequest, StreamChunk, Timings, Usage
 
@@ -147,6 +147,7 @@ class OpenAICompatibleProvider(Provider):
         api_key: str | None = None,
         connect_timeout: float | None = 10.0,
         headers: dict[str, str] | None = None,
+        complete_over_stream: bool | None = None,
         **options: Any,
     ) -> None:
         all_headers = dict(headers or {})
@@ -159,6 +160,8 @@ class OpenAICompatibleProvider(Provider):
             ),
         )
         self.options = options  # extra body fields sent with every request
+        if complete_over_stream is not None:  # per instance: unknown /v1 servers default to plain
+            self.complete_over_stream = complete_over_stream
 
     def chat_body(self, request: GenerationRequest, *, stream: bool) -> dict[str, Any]:
         body: dict[str, Any] = {"model": request.model or "default", "messages": request.messages, "stream": stream}
@@ -174,7 +177,7 @@ class OpenAICompatibleProvider(Provider):
 
     async def _stream(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
         async with ctx.stream("POST", self.chat_path, json=self.chat_body(request, stream=True)) as resp:
-            await raise_for_status(resp)
+            await expect_stream(resp)
             async for chunk in openai_sse_chunks(resp):
                 yield chunk
 

@@ -20,7 +20,7 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from abstract_client.errors import NotSupportedError, ProviderProtocolError
-from abstract_client.http.wire import json_body, poll_until_ready, raise_for_status
+from abstract_client.http.wire import expect_stream, json_body, poll_until_ready
 from abstract_client.provider import CallContext, Completion, UnloadReport
 from abstract_client.types import GenerationRequest, StreamChunk
 
@@ -41,6 +41,7 @@ VLLM_EXTRAS = (
 
 class VLLMProvider(OpenAICompatibleProvider):
     name = "vllm"
+    complete_over_stream = True  # a stop reaches the server at its next token write
     default_base_url = "http://127.0.0.1:8000/v1"
 
     def __init__(self, *, base_url: str | None = None, **kw: Any) -> None:
@@ -79,7 +80,7 @@ class VLLMProvider(OpenAICompatibleProvider):
         self, request: GenerationRequest, ctx: CallContext
     ) -> AsyncGenerator[StreamChunk, None]:
         async with ctx.stream("POST", "/completions", json=self.completions_body(request, stream=True)) as resp:
-            await raise_for_status(resp)
+            await expect_stream(resp)
             async for chunk in openai_sse_chunks(resp, _text_chunk):
                 yield chunk
 

@@ -5,9 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 
-echo ">> installing abstract-client with the dev and mlx extras"
+echo ">> installing abstract-client with the dev, mlx and cli extras"
 log="$(mktemp)"
-if ! python3 -m pip install -q -e '.[dev,mlx]' >"$log" 2>&1; then
+if ! python3 -m pip install -q -e '.[dev,mlx,cli]' >"$log" 2>&1; then
   cat "$log" >&2
   exit 1
 fi

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 
@@ -106,3 +108,23 @@ def test_closed_llm_refuses_new_calls() -> None:
         llm.close()
         with pytest.raises(abstract_client.AbstractClientError, match="closed"):
             llm.generate("x")
+
+
+def test_the_library_does_not_need_the_cli_ui() -> None:
+    """``rich`` is the ``cli`` extra: the library, its providers and its test fakes import and
+    run with it blocked (httpx's own optional CLI import falls back by itself)."""
+    code = (
+        "import sys; sys.modules['rich'] = None\n"
+        "import abstract_client, abstract_client.testing, abstract_client.contract\n"
+        "from abstract_client import create_llm\n"
+        "from abstract_client.testing import FakeOpenAIServer\n"
+        "for name in ('openai-compatible', 'llamacpp', 'vllm', 'ollama', 'lmstudio'):\n"
+        "    create_llm(name, 'm', base_url='http://127.0.0.1:9').close()\n"
+        "with FakeOpenAIServer() as s:\n"
+        "    llm = create_llm('openai-compatible', 'm', base_url=s.base_url)\n"
+        "    assert llm.generate('x', max_tokens=2).content == 'tok0 tok1 '\n"
+        "    llm.close()\n"
+        "assert not any(m.startswith('abstract_client.app') for m in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr

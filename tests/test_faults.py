@@ -3,12 +3,17 @@ connection released."""
 
 from __future__ import annotations
 
+import threading
+
+import httpx
 import pytest
 
 from abstract_client import (
     LLM,
+    AbortController,
     GenerationCancelledError,
     ProviderAPIError,
+    ProviderError,
     ProviderProtocolError,
     TransportError,
 )
@@ -68,3 +73,55 @@ def test_failure_while_stop_is_set_is_reported_as_the_stop(server: FakeServer, l
                 # stop without our own sever: mark the token the way a racing stop would
                 stream._inner._call.token.stop("user")
     assert info.value.reason == "user"
+
+
+@pytest.mark.parametrize("streaming", [True, False], ids=["stream", "generate"])
+def test_json_error_body_under_200_keeps_the_servers_message(server: FakeServer, llm: LLM, streaming: bool) -> None:
+    """LM Studio answers some errors as ``application/json`` under HTTP 200, even to a streaming
+    request: the server's own message arrives as a typed error, never as an SSE decoding error."""
+    server.inject("json_error_200")
+    with pytest.raises(ProviderError) as info:
+        if streaming:
+            list(llm.stream("x", max_tokens=5))
+        else:
+            llm.generate("x", max_tokens=5)
+    assert "Model unloaded" in str(info.value)
+    assert not isinstance(info.value, ProviderProtocolError)
+    assert llm.in_flight == []
+
+
+def test_a_stop_is_translated_once_and_chains_the_transport_failure(server: FakeServer, llm: LLM) -> None:
+    """A stop during a non-streaming body: ONE GenerationCancelledError whose cause is the
+    failure the sever produced (the severed read, an httpx error), never another
+    GenerationCancelledError."""
+    server.behavior.token_delay = 0.05
+    controller = AbortController()
+    threading.Timer(0.1, controller.abort).start()
+    with pytest.raises(GenerationCancelledError) as info:
+        llm.generate("x", max_tokens=1000, signal=controller.signal)
+    # Which surfaces first — the severed read, or the stop waking the caller — is a race; either
+    # way there is one translation: no cause, or the transport failure itself.
+    cause = info.value.__cause__
+    assert cause is None or isinstance(cause, httpx.HTTPError), repr(cause)
+
+
+@pytest.mark.anyio
+async def test_translation_happens_once(anyio_backend: str) -> None:
+    """Rule 4 as a unit: a failure while the stop is set becomes the stop; the stop itself passes
+    through unchanged (so retries and outer scopes never wrap a stop in a stop)."""
+    from abstract_client._contract import Call, CallSpec, translate
+    from abstract_client.http.retry import RetryPolicy
+    from abstract_client.stop import InflightRegistry, StopToken
+    from abstract_client.testing import FakeOpenAIServer
+    from abstract_client.types import GenerationRequest, Timeout
+    from providers.openai_compatible import OpenAICompatibleProvider
+
+    with FakeOpenAIServer() as srv:
+        provider = OpenAICompatibleProvider(base_url=srv.base_url)
+        spec = CallSpec(provider, GenerationRequest(messages=[], model="m"), Timeout(), RetryPolicy())
+        call = Call(spec, StopToken("r1"), InflightRegistry())
+        call.token.stop("user")
+        read_error = httpx.ReadError("severed")
+        stop = translate(call, read_error)
+        assert isinstance(stop, GenerationCancelledError)
+        assert translate(call, stop) is stop

@@ -6,19 +6,21 @@ from __future__ import annotations
 import json
 import threading
 import time
+from typing import Any
 
 import httpx
 import pytest
 import respx
 
 from abstract_client import (
+    LLM,
     AbortController,
     GenerationCancelledError,
     ModelNotFoundError,
     ProviderAPIError,
     create_llm,
 )
-from abstract_client.testing import FakeLMStudioServer, FakeOllamaServer
+from abstract_client.testing import FakeLMStudioServer, FakeOllamaServer, FakeServer
 
 from .helpers import stream_in_threads, wait_until
 
@@ -75,6 +77,7 @@ def test_ollama_chat_body_options_and_final_mapping() -> None:
 
 @respx.mock
 def test_ollama_stream_false_is_sent_explicitly_and_raw_uses_generate() -> None:
+    """With ``plain_wire=True`` (by default a non-streaming call rides the NDJSON stream)."""
     chat = respx.post(f"{OLLAMA}/api/chat").mock(
         return_value=httpx.Response(
             200,
@@ -85,9 +88,9 @@ def test_ollama_stream_false_is_sent_explicitly_and_raw_uses_generate() -> None:
         return_value=httpx.Response(200, json={"model": "m", "response": "raw!", "done": True, "done_reason": "stop"})
     )
     with create_llm("ollama", "m", base_url=OLLAMA) as llm:
-        assert llm.generate("x").finish_reason == "length"
+        assert llm.generate("x", plain_wire=True).finish_reason == "length"
         assert json.loads(chat.calls.last.request.content)["stream"] is False
-        assert llm.generate("Once upon", raw=True).content == "raw!"
+        assert llm.generate("Once upon", raw=True, plain_wire=True).content == "raw!"
         assert json.loads(gen.calls.last.request.content) == {
             "model": "m",
             "stream": False,
@@ -125,7 +128,7 @@ def test_ollama_unknown_model_and_openai_route() -> None:
     with create_llm("ollama", "x", base_url=OLLAMA) as llm, pytest.raises(ModelNotFoundError):
         llm.generate("x")
     with create_llm("ollama", "x", base_url=OLLAMA, use_openai_api=True) as llm:
-        assert llm.generate("x").content == "via v1"
+        assert llm.generate("x", plain_wire=True).content == "via v1"
     assert v1.called
 
 
@@ -344,3 +347,22 @@ def test_llamacpp_router_mode_load_and_unload() -> None:
         assert state["value"] == "loaded"
         report = llm.unload_model()
         assert report.server_unloaded and state["value"] == "unloaded"
+
+
+def _fields(result: Any) -> tuple[Any, ...]:
+    t = result.timings
+    server_timings = tuple(v is not None for v in (t.prompt_ms, t.predicted_ms, t.tokens_per_s))
+    return result.content, result.finish_reason, result.usage, result.model, server_timings
+
+
+@pytest.mark.parametrize("raw", [False, True], ids=["chat", "raw"])
+def test_non_streaming_over_the_stream_equals_the_plain_answer(server: FakeServer, llm: LLM, raw: bool) -> None:
+    """The same ``GenerateResult`` fields whether a non-streaming call rides the streaming wire
+    (the default where the server streams) or the plain route (``plain_wire=True``)."""
+    kwargs: dict[str, Any] = {"max_tokens": 7, "raw": True} if raw else {"max_tokens": 7}
+    over_stream = llm.generate("Once upon", **kwargs)
+    plain = llm.generate("Once upon", plain_wire=True, **kwargs)
+    assert _fields(over_stream) == _fields(plain)
+    assert over_stream.content == "tok0 tok1 tok2 tok3 tok4 tok5 tok6 "
+    bodies = [r.body for r in server.records if isinstance(r.body, dict) and "stream" in r.body]
+    assert [b["stream"] for b in bodies[-2:]] == [llm.provider.complete_over_stream, False]

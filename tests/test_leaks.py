@@ -12,9 +12,12 @@ import pytest
 from abstract_client import (
     LLM,
     AbortController,
+    GenerateResult,
     GenerationCancelledError,
+    ProviderError,
     create_llm,
 )
+from abstract_client.event_hook import listeners_on
 from abstract_client.testing import FakeOpenAIServer
 
 from .helpers import open_fds, wait_until
@@ -45,28 +48,39 @@ def test_500_random_stops_leave_nothing_behind() -> None:
             mode = i % 4
             try:
                 if mode == 0:
-                    llm.generate("x", max_tokens=rng.randint(1, 20), signal=controller.signal)
+                    result = llm.generate("x", max_tokens=rng.randint(1, 20), signal=controller.signal)
                 elif mode == 1:
-                    for _ in llm.stream("x", max_tokens=rng.randint(1, 20), signal=controller.signal):
+                    stream = llm.stream("x", max_tokens=rng.randint(1, 20), signal=controller.signal)
+                    for _ in stream:
                         pass
+                    result = stream.result()
                 elif mode == 2:
-                    anyio.run(lambda c=controller: llm.agenerate("x", max_tokens=rng.randint(1, 20), signal=c.signal))
+                    result = anyio.run(
+                        lambda c=controller: llm.agenerate("x", max_tokens=rng.randint(1, 20), signal=c.signal)
+                    )
                 else:
 
-                    async def consume(c: AbortController = controller) -> None:
+                    async def consume(c: AbortController = controller) -> GenerateResult:
                         async with llm.astream("x", max_tokens=rng.randint(1, 20), signal=c.signal) as s:
                             async for _ in s:
                                 pass
+                        return s.result()
 
-                    anyio.run(consume)
+                    result = anyio.run(consume)
                 outcomes["completed"] += 1
-                # A returned answer is only legitimate if the stop came after it was handed over.
+                timer.join()
+                # A complete answer is legitimate only if the stop came after it was judged complete.
+                aborted = controller.signal.aborted_at
+                assert aborted is not None and result.completed_at is not None
+                assert aborted >= result.completed_at, (i, aborted, result.completed_at)
             except GenerationCancelledError as exc:
                 assert exc.reason == "user"
                 outcomes["cancelled"] += 1
             timer.join()
 
-        assert outcomes["cancelled"] > 50 and outcomes["completed"] > 50, outcomes
+        # How the 500 races fell (cancelled vs completed) depends on the machine's load: it is a
+        # distribution, not an invariant, so it is not asserted; every outcome was checked above.
+        assert outcomes["cancelled"] + outcomes["completed"] == N_STOPS, outcomes
         assert llm.in_flight == []
         assert wait_until(lambda: server.open_connections() <= 1, timeout=10), server.open_connections()
         assert llm.generate("still works", max_tokens=3).content == "tok0 tok1 tok2 "
@@ -118,3 +132,55 @@ async def _aenumerate(it):  # type: ignore[no-untyped-def]
     async for x in it:
         yield n, x
         n += 1
+
+
+def test_streams_never_started_hold_nothing() -> None:
+    """Stop sources are bound at admission: streams built and closed, or dropped, without being
+    iterated listen to nothing and register nothing (1,000 of each kind)."""
+    with FakeOpenAIServer() as server:
+        llm = create_llm("openai-compatible", "fake-model", base_url=server.base_url, max_retries=0)
+        event = threading.Event()
+        controller = AbortController()
+        for _ in range(1000):
+            with llm.stream("x", cancel_event=event, signal=controller.signal):
+                pass
+            llm.stream("x", cancel_event=event)  # dropped at once
+
+            async def never_iterated() -> None:
+                async with llm.astream("x", cancel_event=event, signal=controller.signal):
+                    pass
+                llm.astream("x", cancel_event=event)  # dropped
+
+            anyio.run(never_iterated)
+        assert listeners_on(event) == 0
+        assert controller.signal._listeners == []
+        assert llm.in_flight == []
+        assert server.requests("/v1/chat/completions") == []  # nothing was ever sent
+        llm.close()
+
+
+def test_every_exit_path_releases_the_stop_sources() -> None:
+    """Completed, stopped, failed, closed early and dropped mid-stream: each call listens to its
+    sources only while it runs."""
+    with FakeOpenAIServer(token_delay=0.002) as server:
+        llm = create_llm("openai-compatible", "fake-model", base_url=server.base_url, max_retries=0)
+        event = threading.Event()
+        llm.generate("x", max_tokens=3, cancel_event=event)  # completed
+        for _ in llm.stream("x", max_tokens=3, cancel_event=event):  # completed stream
+            pass
+        with llm.stream("x", max_tokens=50, cancel_event=event) as stream:  # closed early
+            next(stream)
+        for _ in llm.stream("x", max_tokens=50, cancel_event=event):  # break: dropped mid-stream
+            break
+        server.inject("status_500")
+        with pytest.raises(ProviderError):
+            llm.generate("x", cancel_event=event)  # failed
+        stopper = threading.Timer(0.02, event.set)
+        stopper.start()
+        with pytest.raises(GenerationCancelledError):
+            for _ in llm.stream("x", max_tokens=10_000, cancel_event=event):  # stopped
+                pass
+        stopper.join()
+        assert listeners_on(event) == 0
+        assert llm.in_flight == []
+        llm.close()

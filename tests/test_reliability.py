@@ -38,8 +38,10 @@ def test_soak_1000_random_stops() -> None:
     report = soak.soak(1000)
     assert report.violations == []
     assert report.cancelled + report.completed_before_stop == report.stops == 1000
-    assert report.cancelled >= 700  # most stops land before the end of the answer
+    # How many of the timed stops landed before the answer ended is a distribution (it depends on
+    # the machine's load) and is only reported by benchmarks/soak.py; a pre-set stop is an invariant.
     assert set(report.by_moment) == set(soak.MOMENTS)
+    assert report.cancelled_by_moment["preset"] == report.by_moment["preset"]
     assert report.requests_seen_by_server <= report.requests_sent  # no stop was ever retried
     assert report.pooled_client_ok
     assert report.after["fds"] <= report.baseline["fds"] + 2
@@ -122,7 +124,9 @@ def test_eject_under_load_on_a_fake_http_lane(fake: type) -> None:
         assert len(errors) == 20
         assert all(isinstance(e, GenerationCancelledError) and e.reason == "model_eject" for e in errors)
         assert llm.in_flight == []
-        assert wait_until(lambda: server.open_connections() <= 1)
+        # the 20 stopped streams are closed; what may stay open is kept alive on purpose: the
+        # clean connection of the call made during the eject, and the eject's own (pooled) one
+        assert wait_until(lambda: server.open_connections() <= 2), server.open_connections()
 
 
 def test_eject_under_load_on_the_mlx_lane(tmp_path: Path) -> None:

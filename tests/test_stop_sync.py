@@ -63,18 +63,24 @@ def test_stop_while_waiting_for_headers(server: FakeServer, llm: LLM) -> None:
     assert info.value.cancel_to_stop_ms is not None and info.value.cancel_to_stop_ms < 1000
 
 
-def test_stop_during_non_streaming_body(server: FakeServer, llm: LLM) -> None:
+@pytest.mark.parametrize("plain_wire", [False, True], ids=["over-stream", "plain"])
+def test_stop_during_non_streaming_body(server: FakeServer, llm: LLM, plain_wire: bool) -> None:
     server.behavior.token_delay = 0.01
     controller = AbortController()
     set_later(controller.abort, 0.3)
     with pytest.raises(GenerationCancelledError) as info:
-        llm.generate("x", max_tokens=10_000, signal=controller.signal)
+        llm.generate("x", max_tokens=10_000, signal=controller.signal, plain_wire=plain_wire)
     record = server.last
     seen = server.wait_for_disconnect(record)
     assert controller.signal.aborted_at is not None
     assert seen - controller.signal.aborted_at < SERVER_SEES_EOF_S
     assert 0 < record.tokens_sent < 10_000  # the server stopped "decoding"
-    assert info.value.partial_text == ""  # non-streaming: nothing arrived, nothing invented
+    over_stream = llm.provider.complete_over_stream and not plain_wire
+    assert record.body["stream"] is over_stream
+    if not over_stream:
+        assert info.value.partial_text == ""  # a plain body: nothing arrived, nothing invented
+    else:  # over the streaming wire the partial answer is kept, as for a stream
+        assert "tok0 tok1 ".startswith(info.value.partial_text[:10]) and info.value.generated_tokens > 0
 
 
 def test_stop_mid_stream_keeps_partial_text(server: FakeServer, llm: LLM) -> None:

@@ -9,6 +9,12 @@ a read blocked on the socket wakes with EOF.
 
 The guard forgets the socket before httpcore closes it, so a late stop can never shut down a
 file descriptor number that the OS has already handed to someone else.
+
+Private connections are kept alive and reused once a call has read its answer to the end (a
+fresh loopback connection costs more than the rest of a small request). A reused connection
+belongs to the call that writes the next request on it: :class:`_GuardedStream` re-binds itself
+to the guard of the writing call (the context variable again), and the previous call's guard was
+detached when it released the connection cleanly, so its late stop cannot touch it.
 """
 
 from __future__ import annotations
@@ -48,9 +54,12 @@ class SocketGuard:
         if late:  # the stop came while we were connecting
             self._shutdown()
 
-    def detach(self) -> None:
+    def detach(self, sock: socket.socket | None = None) -> None:
+        """Forget the socket (only ``sock``, when given: a guard may have moved on to another
+        connection, e.g. a retry's)."""
         with self._lock:
-            self._sock = None
+            if sock is None or self._sock is sock:
+                self._sock = None
 
     def sever(self) -> None:
         """Shut the socket down in both directions (now, or the moment it connects); safe from
@@ -72,18 +81,26 @@ class SocketGuard:
 
 
 class _GuardedStream(httpcore.AsyncNetworkStream):
-    def __init__(self, inner: httpcore.AsyncNetworkStream, guard: SocketGuard) -> None:
+    def __init__(self, inner: httpcore.AsyncNetworkStream, guard: SocketGuard | None) -> None:
         self._inner = inner
         self._guard = guard
+        self._sock: socket.socket | None = inner.get_extra_info("socket")
 
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         return await self._inner.read(max_bytes, timeout)
 
     async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        guard = current_guard.get()
+        if guard is not self._guard and guard is not None:  # a reused connection: a new owner
+            if self._guard is not None:
+                self._guard.detach(self._sock)
+            self._guard = guard
+            guard.attach(self._sock)
         await self._inner.write(buffer, timeout)
 
     async def aclose(self) -> None:
-        self._guard.detach()
+        if self._guard is not None:
+            self._guard.detach(self._sock)
         await self._inner.aclose()
 
     async def start_tls(
@@ -114,11 +131,7 @@ class GuardedBackend(httpcore.AsyncNetworkBackend):
         socket_options: typing.Iterable[typing.Any] | None = None,
     ) -> httpcore.AsyncNetworkStream:
         stream = await self._inner.connect_tcp(host, port, timeout, local_address, socket_options)
-        guard = current_guard.get()
-        if guard is None:
-            return stream
-        guard.attach(stream.get_extra_info("socket"))
-        return _GuardedStream(stream, guard)
+        return _guarded(stream)
 
     async def connect_unix_socket(
         self,
@@ -127,11 +140,14 @@ class GuardedBackend(httpcore.AsyncNetworkBackend):
         socket_options: typing.Iterable[typing.Any] | None = None,
     ) -> httpcore.AsyncNetworkStream:
         stream = await self._inner.connect_unix_socket(path, timeout, socket_options)
-        guard = current_guard.get()
-        if guard is None:
-            return stream
-        guard.attach(stream.get_extra_info("socket"))
-        return _GuardedStream(stream, guard)
+        return _guarded(stream)
 
     async def sleep(self, seconds: float) -> None:
         await self._inner.sleep(seconds)
+
+
+def _guarded(stream: httpcore.AsyncNetworkStream) -> _GuardedStream:
+    guard = current_guard.get()
+    if guard is not None:  # the stop may come during the TLS handshake or the first write
+        guard.attach(stream.get_extra_info("socket"))
+    return _GuardedStream(stream, guard)

@@ -1,10 +1,11 @@
 """The two kinds of HTTP client an HTTP lane uses, one pair per event loop.
 
 * **pooled**: keep-alive connections, for calls nobody can stop mid-flight from another thread.
-* **private**: every request gets its own HTTP/1.1 connection, never reused, closed after the
-  response, connected through :class:`GuardedBackend` so its socket can be severed on stop.
-  HTTP/1.1 because only a closed connection tells a server to stop (httpcore sends no HTTP/2
-  stream reset).
+* **private**: HTTP/1.1 connections made through :class:`GuardedBackend`, so the socket of the
+  call using one can be severed on stop. Every generation uses these. A connection is reused
+  only after a call read its answer to the end and released it cleanly (``guard.detach``); one
+  that was stopped, failed or abandoned is severed and never comes back. HTTP/1.1 because only a
+  closed connection tells a server to stop (httpcore sends no HTTP/2 stream reset).
 
 httpx clients belong to the event loop that first used them, and the sync API runs on its own
 loop thread, so clients are kept per loop.
@@ -25,6 +26,7 @@ import httpx
 from .._loop import loop_key
 from .guard import GuardedBackend
 
+PRIVATE_KEEPALIVE = 16  # clean private connections kept warm per loop and base URL
 _ssl_lock = threading.Lock()
 _ssl_context: ssl.SSLContext | None = None
 
@@ -42,11 +44,12 @@ class _PrivateTransport(httpx.AsyncHTTPTransport):
     def __init__(self, ssl_context: ssl.SSLContext) -> None:
         super().__init__(verify=ssl_context, http1=True, http2=False, trust_env=False)
         # httpx builds its pool without a way to pass a network backend; replace it with one that
-        # never keeps a connection alive and captures each socket.
+        # captures each socket and keeps a few clean connections warm for the next call.
         self._pool = httpcore.AsyncConnectionPool(
             ssl_context=ssl_context,
             max_connections=None,
-            max_keepalive_connections=0,
+            max_keepalive_connections=PRIVATE_KEEPALIVE,
+            keepalive_expiry=5.0,
             http1=True,
             http2=False,
             network_backend=GuardedBackend(),

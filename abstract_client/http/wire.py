@@ -5,7 +5,7 @@ Shared by every HTTP provider so each of them is only field mapping.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
@@ -19,24 +19,34 @@ from .sse import SSEDecoder, SSEEvent
 MAX_ERROR_BODY = 64 * 1024
 
 
-async def raise_for_status(resp: httpx.Response) -> None:
-    """Raise the typed error for a non-2xx response (reading at most 64 KiB of its body)."""
-    if resp.status_code < 300:
+async def expect_stream(resp: httpx.Response) -> None:
+    """Before decoding a streamed answer: raise the typed error for a non-2xx status, and for a
+    JSON body where a stream was asked for — servers answer some errors that way under HTTP 200
+    (LM Studio's ``{"error": "Model unloaded"}``), and decoding it as SSE would lose the message.
+    Reads at most 64 KiB of such a body."""
+    if resp.status_code < 300 and _media_type(resp) != "application/json":
         return
     if resp.is_redirect:
         raise _redirect_error(resp)
+    raw = await _read_capped(resp)
+    body = decode_json_body(raw)
+    text = raw.decode("utf-8", "replace")
+    if resp.status_code < 300 and parse_error_body(body) is None:
+        raise ProviderProtocolError(f"expected a stream, got a JSON body: {text[:200]!r}")
+    raise error_from_response(resp.status_code, body, headers=resp.headers, text=text)
+
+
+def _media_type(resp: httpx.Response) -> str:
+    return str(resp.headers.get("content-type", "")).partition(";")[0].strip().lower()
+
+
+async def _read_capped(resp: httpx.Response) -> bytes:
     body = bytearray()
     async for part in resp.aiter_bytes():
         body += part
         if len(body) >= MAX_ERROR_BODY:
             break
-    raw = bytes(body[:MAX_ERROR_BODY])
-    raise error_from_response(
-        resp.status_code,
-        decode_json_body(raw),
-        headers=resp.headers,
-        text=raw.decode("utf-8", "replace"),
-    )
+    return bytes(body[:MAX_ERROR_BODY])
 
 
 def _redirect_error(resp: httpx.Response) -> ProviderProtocolError:
@@ -102,17 +112,24 @@ def raise_if_error(obj: Any) -> None:
 
 
 async def poll_until_ready(
-    client: httpx.AsyncClient, path: str, timeout: float, *, provider: str, interval: float = 0.25
+    client: httpx.AsyncClient,
+    path: str,
+    timeout: float,
+    *,
+    provider: str,
+    interval: float = 0.25,
+    ready: Callable[[httpx.Response], bool] | None = None,
 ) -> None:
-    """Poll ``GET path`` until 200; connection refused and 503 mean "not yet"."""
+    """Poll ``GET path`` until it answers 200 (and ``ready(resp)``, when given); connection
+    refused and 503 mean "not yet". Not ready within ``timeout`` → ``ServerUnavailableError``."""
     last: BaseException | str = "no answer"
     with anyio.move_on_after(timeout):
         while True:
             try:
                 resp = await client.get(path)
-                if resp.status_code == 200:
+                if resp.status_code == 200 and (ready is None or ready(resp)):
                     return
-                last = f"HTTP {resp.status_code}"
+                last = f"HTTP {resp.status_code}" + ("" if resp.status_code != 200 else f": {resp.text[:200]!r}")
             except httpx.HTTPError as exc:
                 last = exc
             await anyio.sleep(interval)
@@ -124,7 +141,7 @@ __all__ = [
     "load_frame",
     "ndjson_objects",
     "poll_until_ready",
-    "raise_for_status",
+    "expect_stream",
     "raise_if_error",
     "sse_events",
 ]

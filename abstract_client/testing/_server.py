@@ -483,6 +483,9 @@ class FakeServer:
             headers = {"Retry-After": str(self.behavior.retry_after)} if self.behavior.retry_after is not None else {}
             conn.send_json(503, self.error_body(503, "Loading model"), headers)
             return True
+        if fault == "json_error_200":  # LM Studio: an error as JSON under HTTP 200, stream or not
+            conn.send_json(200, {"error": "Model unloaded"})
+            return True
         if fault == "no_answer":
             conn.wait(3600)
             return True

@@ -17,10 +17,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .abort import AbortController
-from .errors import GenerationCancelledError
-from .llm import LLM
-from .registry import create_llm
+from ..abort import AbortController
+from ..errors import GenerationCancelledError
+from ..llm import LLM
+from ..registry import create_llm
 
 CASES = ("stream", "non-stream", "prefill")
 Row = dict[str, Any]
@@ -80,7 +80,7 @@ def _rows(lane: str, per_case: dict[str, tuple[list[float], str]]) -> list[Row]:
 
 
 def lane_fake(kind: str, n: int) -> list[Row]:
-    from .testing.subprocess_fake import SubprocessFake
+    from ..testing.subprocess_fake import SubprocessFake
 
     provider = {"openai": "openai-compatible", "ollama": "ollama", "lmstudio": "lmstudio"}[kind]
     out: dict[str, tuple[list[float], str]] = {}
@@ -100,7 +100,7 @@ def lane_fake(kind: str, n: int) -> list[Row]:
 
 
 def lane_llamacpp(n: int) -> list[Row]:
-    from .testing.processes import LlamaServer, llama_server_binary, smollm2_gguf
+    from ..testing.processes import LlamaServer, llama_server_binary, smollm2_gguf
 
     binary, model = llama_server_binary(), smollm2_gguf()
     if binary is None or model is None:
@@ -133,7 +133,7 @@ def lane_llamacpp(n: int) -> list[Row]:
 
 
 def lane_vllm(n: int) -> list[Row]:
-    from .testing.processes import VLLMServer, vllm_environment
+    from ..testing.processes import VLLMServer, vllm_environment
 
     env = vllm_environment()
     if env is None:
@@ -168,7 +168,7 @@ def lane_mlx(n: int) -> list[Row]:
         import mlx.core  # noqa: F401
     except ImportError as exc:
         raise _Skip("mlx is not installed (pip install 'abstract-client[mlx]')") from exc
-    from .assets import smollm2_mlx
+    from ..assets import smollm2_mlx
 
     out: dict[str, tuple[list[float], str]] = {}
     with create_llm("mlx", str(smollm2_mlx()), prefill_step_size=64) as llm:

@@ -25,10 +25,10 @@ from dataclasses import asdict, dataclass, field
 from types import FrameType
 from typing import Any
 
-from .errors import AbstractClientError, GenerationCancelledError
-from .llm import LLM
-from .registry import available_providers, create_llm
-from .types import GenerateResult, Message
+from ..errors import AbstractClientError, GenerationCancelledError
+from ..llm import LLM
+from ..registry import available_providers, create_llm
+from ..types import GenerateResult, Message
 
 EXIT_STOPPED = 130  # the shell's convention for "ended by SIGINT"
 
@@ -337,6 +337,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        import rich  # noqa: F401 - the command's UI
+    except ImportError:
+        sys.stderr.write("error: the abstract-client command needs its UI: pip install 'abstract-client[cli]'\n")
+        return 2
     return int(args.fn(args))
 
 

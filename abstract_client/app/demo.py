@@ -12,9 +12,9 @@ import threading
 import time
 from typing import TextIO
 
-from .errors import GenerationCancelledError
-from .registry import create_llm
-from .types import Message
+from ..errors import GenerationCancelledError
+from ..registry import create_llm
+from ..types import Message
 
 QUESTION: list[Message] = [
     {"role": "system", "content": "You are a helpful assistant."},
@@ -23,7 +23,7 @@ QUESTION: list[Message] = [
 
 
 def run_demo(stop_after_tokens: int = 40, out: TextIO | None = None) -> int:
-    from .assets import smollm2_mlx
+    from ..assets import smollm2_mlx
 
     write = (out or sys.stdout).write
     model_dir = smollm2_mlx()

@@ -1,0 +1,60 @@
+"""Rules 1 and 2: admission and release.
+
+``admit`` is the only place a call starts holding anything: it listens to the caller's stop
+sources, makes the socket guard, and registers the call in flight (so ``cancel(id)``,
+``cancel_all()`` and an eject reach it). A stop that is already set is raised here, before a byte
+is sent. ``release`` undoes all of it, once, synchronously (a dropped stream's ``__del__`` calls
+it), on every exit path.
+"""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+
+from ..http.guard import SocketGuard
+from .call import Call
+from .translate import cancelled
+
+
+async def admit(call: Call) -> None:
+    # A call made during an eject waits for it to finish (ejects are short and rare; polled so
+    # that no per-loop state is needed), unless its own stop comes first.
+    while call.gate is not None and call.gate.is_set() and not call.token.is_set:
+        await anyio.sleep(0.005)
+    clients = call.provider.clients
+    if clients is not None:
+        await clients.prepare()
+    admit_now(call)
+
+
+def admit_now(call: Call) -> None:
+    token, spec = call.token, call.spec
+    call.registry.add(token)  # a duplicate request id raises here, before anything is held
+    call.admitted = True
+    call.t0 = time.perf_counter()
+    token.bind(cancel_event=spec.cancel_event, signal=spec.signal)
+    if token.is_set:  # rule 1: nothing is sent
+        release(call)
+        raise cancelled(call)
+    if call.provider.clients is not None:
+        call.guard = SocketGuard(token)
+    call.provider.bind_stop(token)
+
+
+def release(call: Call, *, clean: bool = False) -> None:
+    """Idempotent and synchronous. ``clean``: the call read its answer to the end, so its
+    connection is idle and may serve the next call; otherwise it is severed."""
+    if call.released or not call.admitted:
+        call.released = True
+        return
+    call.released = True
+    guard = call.guard
+    if guard is not None:
+        if clean and not call.token.is_set:
+            guard.detach()
+        else:
+            guard.sever()
+    call.registry.remove(call.token)
+    call.token.release()

@@ -1,0 +1,145 @@
+"""Rules 6 and 7 for non-streaming calls, and the same contract for model management.
+
+The attempts and the backoff sleeps between them run inside ONE scope (``step``): a stop during
+a backoff ends the sleep at once, is translated once, and is never retried (rule 6). A stop
+requested before the result is handed over wins over the result (rule 7).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import aclosing
+from typing import Any, TypeVar
+
+import anyio
+
+from ..errors import ProviderProtocolError
+from ..http.retry import RetryPolicy
+from ..provider import Completion
+from ..stop import InflightRegistry, StopToken
+from ..types import GenerateResult, GenerationRequest, StreamChunk, Timeout, Timings
+from .admission import admit, release
+from .call import Call, CallSpec
+from .scope import step
+from .translate import cancelled, classify, judge_complete
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+async def with_retries(call: Call, attempt_once: Callable[[], Awaitable[T]]) -> T:
+    """``attempt_once()`` again while the failure is retryable by type and the stop is not set;
+    the backoff sleeps in the caller's scope. Failures leave raw (the scope translates them once)."""
+    policy: RetryPolicy = call.spec.retry
+    attempt = 0
+    while True:
+        try:
+            return await attempt_once()
+        except Exception as exc:
+            if call.token.is_set:
+                raise
+            typed = classify(call, exc)
+            if not policy.should_retry(typed, attempt):
+                raise
+            delay = policy.delay(typed, attempt)
+            log.warning("%s: retrying %s in %.2fs after %s", call.provider.name, call.request_id, delay, typed)
+            await anyio.sleep(delay)
+            attempt += 1
+
+
+async def run_generation(call: Call) -> GenerateResult:
+    await admit(call)
+    clean = False
+    try:
+        completion: Completion = await step(call, lambda: with_retries(call, lambda: complete(call)), "first")
+        p = call.progress
+        p.parts = [completion.content]
+        p.usage, p.model = completion.usage, completion.model or call.request.model
+        p.finish_reason, p.server_timings = completion.finish_reason, completion.timings
+        if not judge_complete(call):
+            raise cancelled(call)  # rule 7
+        clean = True
+        return result_of(call, raw=completion.raw)
+    finally:
+        release(call, clean=clean)
+
+
+async def complete(call: Call) -> Completion:
+    """One non-streaming attempt: the provider's plain route, or its streaming wire assembled
+    here, into the same ``Completion`` (content, usage, timings, finish_reason, model)."""
+    provider, request = call.provider, call.request
+    if not provider.complete_over_stream or request.plain_wire:
+        return await provider.complete(request, call.ctx)
+    progress = call.progress
+    progress.restart()
+    last: StreamChunk | None = None
+    source = provider.stream(request, call.ctx)
+    async with aclosing(source):
+        async for chunk in source:
+            progress.record(chunk)  # a stop keeps the partial text, as for a stream
+            last = chunk
+    if last is None or progress.finish_reason is None:
+        raise ProviderProtocolError(f"{provider.name}: the answer ended without a finish reason")
+    return Completion(
+        content=progress.text,
+        finish_reason=progress.finish_reason,
+        usage=progress.usage,
+        timings=progress.server_timings,
+        model=progress.model,
+        raw=last.raw,
+    )
+
+
+def result_of(call: Call, raw: Any = None) -> GenerateResult:
+    p = call.progress
+    now = p.completed_at or time.perf_counter()
+    st = p.server_timings or Timings()
+    ttft = None if p.first_chunk_at is None else (p.first_chunk_at - call.t0) * 1000
+    return GenerateResult(
+        content=p.text,
+        finish_reason=p.finish_reason,
+        usage=p.usage,
+        timings=Timings(
+            ttft_ms=ttft if ttft is not None else st.ttft_ms,
+            total_ms=(now - call.t0) * 1000,
+            prompt_ms=st.prompt_ms,
+            predicted_ms=st.predicted_ms,
+            prompt_tokens_per_s=st.prompt_tokens_per_s,
+            tokens_per_s=st.tokens_per_s,
+        ),
+        model=p.model or call.request.model,
+        provider=call.provider.name,
+        request_id=call.request_id,
+        raw=raw,
+        completed_at=p.completed_at,
+    )
+
+
+async def run_operation(
+    spec: CallSpec,
+    operation: Callable[[], Awaitable[T]],
+    *,
+    registry: InflightRegistry,
+    request_id: str,
+) -> T:
+    """Model management (list, load, unload, readiness) under the same rules: stoppable by the
+    caller's sources and by ``close()``, bounded by ``spec.timeout.total``, and raising only this
+    library's errors (or the framework's cancellation)."""
+    call = Call(spec, StopToken(request_id), registry)
+    await admit(call)
+    try:
+        return await step(call, operation, "first")
+    finally:
+        release(call, clean=True)
+
+
+def operation_spec(provider: Any, timeout: float | None, **sources: Any) -> CallSpec:
+    return CallSpec(
+        provider=provider,
+        request=GenerationRequest(messages=[], model=provider.model),
+        timeout=Timeout(total=timeout),
+        retry=RetryPolicy(max_retries=0),
+        **sources,
+    )

@@ -1,0 +1,181 @@
+"""Streaming under the contract: :class:`GenerationStream`.
+
+Nothing is held until the first ``__anext__`` admits the call (rules 1-2). The provider's stream
+is opened — and retried, only before its first chunk — inside the first step's scope (rules 3,
+6). Each later chunk costs an attribute check and a record: the stop reaches a severable stream
+through its socket, and a scope is paid for only where ``needs_scope`` says so. A stop that races
+a chunk wins (rule 7). Leaving early — ``aclose()``, the ``async with`` block ending, or a
+``break`` dropping the last reference — severs the connection at once, without waiting for GC.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import anyio
+
+from ..types import GenerateResult, StreamChunk
+from .admission import admit, release
+from .call import Call
+from .run import result_of, with_retries
+from .scope import needs_scope, step
+from .translate import cancelled, judge_complete, raise_translated, stopped_by_user
+
+log = logging.getLogger(__name__)
+Source = AsyncGenerator[StreamChunk, None]
+
+
+async def open_source(call: Call) -> tuple[Source, StreamChunk | None]:
+    """The provider's stream and its first chunk (None: it ended at once). A module-level
+    function on purpose: nothing here may tie the stream object into a reference cycle, or a
+    ``break`` would wait for a GC pass to sever the socket."""
+
+    async def attempt() -> tuple[Source, StreamChunk | None]:
+        source = call.provider.stream(call.request, call.ctx)
+        try:
+            return source, await source.__anext__()
+        except StopAsyncIteration:
+            return source, None
+        except Exception:
+            await source.aclose()
+            raise
+
+    return await with_retries(call, attempt)
+
+
+class GenerationStream:
+    """An async iterator of :class:`StreamChunk` that is also an async context manager.
+    After the end, :meth:`result` gives the whole answer as a ``GenerateResult``."""
+
+    def __init__(self, call: Call) -> None:
+        self._call = call
+        self._source: Source | None = None
+        self._state = "new"
+
+    def __repr__(self) -> str:
+        return f"<GenerationStream {self._call.request_id} {self._state}>"
+
+    @property
+    def request_id(self) -> str:
+        return self._call.request_id
+
+    @property
+    def text(self) -> str:
+        """Everything received so far."""
+        return self._call.text
+
+    @property
+    def call(self) -> Call:
+        return self._call
+
+    @property
+    def state(self) -> str:
+        """``new`` (nothing sent, nothing held), ``open`` or ``done``."""
+        return self._state
+
+    def abandon(self) -> None:
+        """End a stream that was never started (it holds nothing, so no await is needed)."""
+        if self._state == "new":
+            self._state = "done"
+
+    def cancel(self, reason: Any = "user") -> None:
+        """Stop this stream from any thread; the consumer gets ``GenerationCancelledError``."""
+        self._call.token.stop(reason)
+
+    def result(self) -> GenerateResult:
+        if self._state != "done" or self._call.progress.completed_at is None:
+            raise RuntimeError("the stream has not finished")
+        return result_of(self._call)
+
+    def __aiter__(self) -> GenerationStream:
+        return self
+
+    async def __aenter__(self) -> GenerationStream:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def __anext__(self) -> StreamChunk:
+        call, source = self._call, self._source
+        if source is None:
+            if self._state == "new":
+                return await self._start()
+            raise StopAsyncIteration
+        try:
+            if needs_scope(call, "idle"):
+                chunk = await step(call, source.__anext__, "idle")
+            else:
+                try:
+                    chunk = await source.__anext__()  # the hot path: no scope, no hook
+                except StopAsyncIteration:
+                    raise
+                except BaseException as exc:
+                    raise_translated(call, exc)
+                    raise
+        except StopAsyncIteration:
+            await self._end()
+            raise
+        except BaseException:
+            await self._finish()
+            raise
+        return await self._deliver(chunk)
+
+    async def _end(self) -> None:
+        """The provider's stream ended: complete, unless a stop was requested first (rule 7)."""
+        if judge_complete(self._call):
+            await self._finish(clean=True)
+            return
+        await self._finish()
+        raise cancelled(self._call) from None
+
+    async def _start(self) -> StreamChunk:
+        call = self._call
+        self._state = "done"  # if admission raises, the stream is over
+        await admit(call)
+        self._state = "open"
+        try:
+            source, first = await step(call, lambda: open_source(call), "first")
+        except BaseException:
+            await self._finish()
+            raise
+        self._source = source
+        if first is None:
+            await self._end()
+            raise StopAsyncIteration
+        return await self._deliver(first)
+
+    async def _deliver(self, chunk: StreamChunk) -> StreamChunk:
+        call = self._call
+        call.progress.record(chunk)
+        if stopped_by_user(call):
+            await self._finish()
+            raise cancelled(call)  # rule 7: a stop wins over a chunk that raced it
+        return chunk
+
+    async def aclose(self) -> None:
+        if self._state == "open":
+            self._call.token.stop("user", internal=True)  # sever first: the server sees EOF now
+            await self._finish()
+        self._state = "done"
+
+    async def _finish(self, *, clean: bool = False) -> None:
+        self._state = "done"
+        source, self._source = self._source, None
+        try:
+            if source is not None:
+                with anyio.CancelScope(shield=True):
+                    await source.aclose()
+        except Exception:  # the connection is gone either way; the caller gets the real error
+            log.debug("closing %s", self._call.request_id, exc_info=True)
+        finally:
+            release(self._call, clean=clean)
+
+    def __del__(self) -> None:
+        # ``break`` out of ``async for``: no await possible here, but severing and releasing are
+        # synchronous. The provider's generator is finalised later by the loop's asyncgen hooks.
+        if getattr(self, "_state", "done") == "open":
+            self._call.token.stop("user", internal=True)
+            release(self._call)

@@ -1,0 +1,92 @@
+"""Rules 4, 5 and 8: what the caller sees when something comes out of a backend.
+
+* Rule 4: any failure while the stop is set IS the stop: one ``GenerationCancelledError`` whose
+  ``__cause__`` is the failure itself (the severed read, the transport error) — translated once,
+  never a stop wrapped in a stop.
+* Rule 5: a framework cancellation (or KeyboardInterrupt/SystemExit) severs and passes unchanged.
+* Rule 8: every error carries the partial text, token count, usage, provider, model, request id.
+"""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+import httpx
+
+from ..errors import AbstractClientError, GenerationCancelledError, ProviderProtocolError
+from ..http.mapping import map_transport_error
+from .call import Call
+
+
+def translate(call: Call, exc: BaseException) -> BaseException:
+    """The exception to raise for ``exc``; ``exc`` itself when it passes unchanged."""
+    if isinstance(exc, StopAsyncIteration):
+        return exc
+    if isinstance(exc, anyio.get_cancelled_exc_class()) or not isinstance(exc, Exception):
+        # Rule 5: a cancellation that escaped our scope belongs to an outer one (or it is a
+        # KeyboardInterrupt/SystemExit): sever the connection now and let it through unchanged.
+        call.token.stop("user", internal=True)
+        return exc
+    if isinstance(exc, GenerationCancelledError):
+        return exc  # already the stop: translated once, where it happened
+    if call.token.is_set and not call.token.internal:
+        return cancelled(call)  # rule 4
+    err = classify(call, exc)
+    if call.guard is not None:
+        call.guard.sever()
+    return attach(call, err)
+
+
+def classify(call: Call, exc: Exception) -> AbstractClientError:
+    """The typed error for a failure that is not a stop."""
+    if isinstance(exc, AbstractClientError):
+        return exc
+    if isinstance(exc, httpx.HTTPError):
+        return map_transport_error(exc)
+    return ProviderProtocolError(f"{call.provider.name} failed on unexpected input: {type(exc).__name__}: {exc}")
+
+
+def raise_translated(call: Call, exc: BaseException) -> None:
+    """Raise what ``exc`` becomes, chained to it (``from exc``) when it is a new error."""
+    mapped = translate(call, exc)
+    if mapped is exc:
+        raise exc
+    raise mapped from exc
+
+
+def attach(call: Call, err: AbstractClientError) -> AbstractClientError:
+    progress = call.progress
+    err.partial_text = err.partial_text or progress.text
+    err.generated_tokens = err.generated_tokens or call.generated_tokens
+    err.usage = err.usage or progress.usage
+    err.provider = err.provider or call.provider.name
+    err.model = err.model or progress.model or call.request.model
+    err.request_id = err.request_id or call.request_id
+    return err
+
+
+def cancelled(call: Call) -> GenerationCancelledError:
+    """The stop, as the caller sees it."""
+    token = call.token
+    elapsed = None if token.stopped_at is None else (time.perf_counter() - token.stopped_at) * 1000
+    err = GenerationCancelledError(
+        f"generation stopped ({token.reason})",
+        reason=token.reason or "user",
+        cancel_to_stop_ms=elapsed,
+        signal_reason=token.signal_reason,
+    )
+    attach(call, err)
+    return err
+
+
+def stopped_by_user(call: Call) -> bool:
+    """The stop is the caller's (not a consumer leaving a stream, which is no error)."""
+    return call.token.is_set and not call.token.internal
+
+
+def judge_complete(call: Call) -> bool:
+    """Rule 7, the final decision: stamp the instant, then ask the stop sources themselves. True
+    means the answer is complete; False means a stop was requested first (and it wins)."""
+    call.progress.completed_at = time.perf_counter()
+    return not call.token.requested()
