@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .stop import PRIORITY_WAKE
+from .stop import PRIORITY_WAKE, SyncWaiter
 
 if TYPE_CHECKING:
     from .stop import StopToken
@@ -100,9 +100,12 @@ class Portal:
         future: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(fn(), loop)
         wake = threading.Event()
         future.add_done_callback(lambda _: wake.set())
-        remove = (
-            stop.add_hook(wake.set, priority=PRIORITY_WAKE) if stop is not None and stopped_error is not None else None
-        )
+        waiting = stop is not None and stopped_error is not None
+        waiter = SyncWaiter()
+        remove = None
+        if stop is not None and waiting:
+            stop.waiter = waiter
+            remove = stop.add_hook(wake.set, priority=PRIORITY_WAKE)
         try:
             wake.wait()
             if not future.done() and stop is not None and stopped_error is not None and not stop.internal:
@@ -110,7 +113,9 @@ class Portal:
                     # The caller leaves now; once the step it abandoned has unwound on the loop,
                     # finish the job there (close the stream, release the call).
                     future.add_done_callback(lambda _: self.submit(on_abandon))
-                raise stopped_error()
+                err = stopped_error()
+                waiter.raised.set()  # the stopping thread may sever now (StopToken._hand_off)
+                raise err
             return future.result()
         except BaseException:
             if future.done() or (stop is not None and stop.is_set and not stop.internal):
@@ -124,6 +129,9 @@ class Portal:
                 pass
             raise
         finally:
+            waiter.raised.set()
+            if stop is not None and stop.waiter is waiter:
+                stop.waiter = None
             if remove is not None:
                 remove()
 

@@ -26,7 +26,25 @@ from .event_hook import on_set
 log = logging.getLogger(__name__)
 
 Hook = Callable[[], object]
-PRIORITY_SEVER, PRIORITY_WAKE, PRIORITY_LOOP = 0, 1, 2
+# Hook order on a stop: wake a blocked sync caller, tell the server (FIN: the syscall drops the
+# GIL, and the woken caller takes it), [hand-off], sever our own side (wakes the loop's read),
+# then the loop's work.
+PRIORITY_WAKE, PRIORITY_TELL, PRIORITY_SEVER, PRIORITY_LOOP = 0, 1, 2, 3
+# How long a stop may hold the sever back while the sync caller it just woke raises (see stop()).
+HANDOFF_S = 0.002
+
+
+class SyncWaiter:
+    """A sync caller blocked on a call (the portal registers one): ``raised`` is set the moment
+    it is about to raise, or leaves for any other reason."""
+
+    __slots__ = ("ident", "raised")
+
+    def __init__(self) -> None:
+        self.ident = threading.get_ident()
+        self.raised = threading.Event()
+
+
 _REASONS = ("user", "timeout", "model_eject", "shutdown")
 
 
@@ -60,6 +78,7 @@ class StopToken:
         self.stopped_at: float | None = None  # time.perf_counter() when the stop was requested
         self.internal = False  # set for stops that are not the user's (a consumer leaving a stream)
         self._sources: tuple[threading.Event | None, AbortSignal | None] = (None, None)
+        self.waiter: SyncWaiter | None = None
 
     def __repr__(self) -> str:
         return f"<StopToken {self.request_id} reason={self.reason}>"
@@ -84,9 +103,14 @@ class StopToken:
             self.signal_reason = signal_reason
             self.internal = internal
             self.reason = reason
-            hooks, self._hooks, self._priorities = self._hooks, [], []
+            hooks, priorities = self._hooks, self._priorities
+            self._hooks, self._priorities = [], []
         log.debug("stop %s: %s", self.request_id, reason)
-        for hook in hooks:
+        handed_off = False
+        for hook, priority in zip(hooks, priorities, strict=True):
+            if priority > PRIORITY_TELL and not handed_off:
+                handed_off = True
+                self._hand_off()
             try:
                 hook()
             except Exception:
@@ -99,10 +123,22 @@ class StopToken:
             time.sleep(0)
         return True
 
+    def _hand_off(self) -> None:
+        """Let a sync caller that the wake hooks just woke raise before our side of the socket is
+        shut and the loop hooks run: those wake the loop thread, which would hold the GIL for
+        its ~0.5 ms of unwinding while the woken caller waits to raise. The server was already
+        told (PRIORITY_TELL). Bounded by ``HANDOFF_S``; skipped when this thread is the caller's
+        or an event loop's."""
+        waiter = self.waiter
+        if waiter is None or waiter.ident == threading.get_ident() or _on_event_loop():
+            return
+        waiter.raised.wait(HANDOFF_S)
+
     def add_hook(self, hook: Hook, *, priority: int = PRIORITY_LOOP) -> Callable[[], None]:
         """Run ``hook()`` when the stop is requested, or now if it already was. Hooks run by
-        ``priority``: the socket sever first (the server must hear it even if this thread then
-        loses the GIL), then waking a blocked sync caller, then the event-loop work."""
+        ``priority``: waking a blocked sync caller (it raises without waiting for anything),
+        telling the server (``shutdown(SHUT_WR)``: it sees EOF now), then shutting our side of
+        the socket, then the event-loop work."""
         with self._lock:
             if self.reason is None:
                 at = len(self._hooks)

@@ -16,9 +16,10 @@ from abstract_client import (
     GenerationCancelledError,
     create_llm,
 )
+from abstract_client.http.guard import SocketGuard
 from abstract_client.testing import FakeServer
 
-from .helpers import set_later
+from .helpers import set_later, wait_until
 
 # Generous wall-clock bounds: this machine is shared (2 cores). Tight figures are in benchmarks/.
 PROMPT_STOP_S = 1.0
@@ -130,13 +131,44 @@ def test_stop_during_connect() -> None:
         listener.close()
 
 
-def test_cancel_by_request_id(server: FakeServer, llm: LLM) -> None:
+def _guard_of(llm: LLM, request_id: str) -> SocketGuard:
+    """The socket guard of a call in flight (its stop hook is the guard's bound ``sever``)."""
+    token = llm._inflight._tokens[request_id]
+    with token._lock:
+        hooks = list(token._hooks)
+    return next(h.__self__ for h in hooks if isinstance(getattr(h, "__self__", None), SocketGuard))  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("how", ["cancel", "cancel_all", "eject"])
+def test_a_call_without_a_stop_source_is_severed_the_same_way(server: FakeServer, llm: LLM, how: str) -> None:
+    """No cancel_event, no signal: ``cancel(id)``, ``cancel_all()`` and an eject still reach the
+    server by ``shutdown()`` of the call's own socket, in the stopping thread."""
     server.behavior.prefill_delay = 30
-    set_later(lambda: llm.cancel("req-42"), 0.2)
+    found: list[SocketGuard] = []
+    stopped_at: list[float] = []
+
+    def stop() -> None:
+        assert wait_until(lambda: "req-42" in llm.in_flight)
+        found.append(_guard_of(llm, "req-42"))
+        server.wait_for_request(1)  # the server holds the request: a stop now must reach it
+        stopped_at.append(time.perf_counter())
+        if how == "cancel":
+            llm.cancel("req-42")
+        elif how == "cancel_all":
+            llm.cancel_all()
+        else:
+            llm.unload_model(drain_timeout=10)
+
+    stopper = set_later(stop, 0.0)
     with pytest.raises(GenerationCancelledError) as info:
-        llm.generate("x", request_id="req-42")  # no token of its own: pooled, still stoppable
+        llm.generate("x", request_id="req-42")
+    stopper.join(15)
     assert info.value.request_id == "req-42"
-    server.wait_for_disconnect(server.last)
+    assert info.value.reason == ("model_eject" if how == "eject" else "user")
+    guard = found[0]
+    assert guard.severed_at is not None and guard.severed_at >= stopped_at[0]  # shut down by the stop
+    seen = server.wait_for_disconnect(server.records[0])  # the generation (an eject adds requests)
+    assert seen - stopped_at[0] < SERVER_SEES_EOF_S
     assert llm.cancel("req-42") is False  # no longer in flight
 
 

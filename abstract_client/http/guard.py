@@ -27,7 +27,7 @@ import typing
 
 import httpcore
 
-from ..stop import PRIORITY_SEVER, StopToken
+from ..stop import PRIORITY_SEVER, PRIORITY_TELL, StopToken
 
 current_guard: contextvars.ContextVar[SocketGuard | None] = contextvars.ContextVar(
     "abstract_client_socket_guard", default=None
@@ -43,7 +43,9 @@ class SocketGuard:
         self.severed_at: float | None = None
         self.connected = False
         self._requested = False
+        self._shut = False
         if token is not None:
+            token.add_hook(self.tell_server, priority=PRIORITY_TELL)
             token.add_hook(self.sever, priority=PRIORITY_SEVER)
 
     def attach(self, sock: socket.socket | None) -> None:
@@ -61,9 +63,23 @@ class SocketGuard:
             if sock is None or self._sock is sock:
                 self._sock = None
 
+    def tell_server(self) -> None:
+        """``shutdown(SHUT_WR)``: the server sees EOF (the FIN it would see from a full
+        shutdown) while our side stays quiet, so the event loop is not woken yet — a woken sync
+        caller raises first (see ``StopToken._hand_off``); :meth:`sever` follows."""
+        with self._lock:
+            sock = self._sock
+            if sock is None or self.severed_at is not None:
+                return
+            self.severed_at = time.perf_counter()
+            try:
+                sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+
     def sever(self) -> None:
         """Shut the socket down in both directions (now, or the moment it connects); safe from
-        any thread, any number of times."""
+        any thread, any number of times. A read blocked on it wakes with EOF."""
         with self._lock:
             self._requested = True
         self._shutdown()
@@ -71,9 +87,11 @@ class SocketGuard:
     def _shutdown(self) -> None:
         with self._lock:
             sock = self._sock
-            if sock is None or self.severed_at is not None:
+            if sock is None or self._shut:
                 return
-            self.severed_at = time.perf_counter()
+            self._shut = True
+            if self.severed_at is None:
+                self.severed_at = time.perf_counter()
             try:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:  # already closed or reset by the peer: nothing left to sever

@@ -42,6 +42,10 @@ class SSEDecoder:
         events: list[SSEEvent] = []
         if not chunk:
             return events
+        if not self._buf and not self._skip_lf and self._bom_checked:
+            fast = self._feed_lf_only(chunk, events)
+            if fast:
+                return events
         if self._skip_lf and chunk[:1] == b"\n":
             chunk = chunk[1:]
         self._skip_lf = False
@@ -71,13 +75,33 @@ class SSEDecoder:
                     self._skip_lf = True
             else:
                 start = end + 1
-            event = self._line(line)
+            event = self._line(self._decode(line))
             if event is not None:
                 events.append(event)
         del buf[:start]
         if len(buf) > self.max_line_bytes:
             raise ProviderProtocolError(f"SSE line longer than {self.max_line_bytes} bytes")
         return events
+
+    def _feed_lf_only(self, chunk: bytes, events: list[SSEEvent]) -> bool:
+        """The common case, in one pass: nothing buffered, LF line endings, complete UTF-8 lines.
+        Returns False (having consumed nothing) when the general path must handle ``chunk``."""
+        last = chunk.rfind(b"\n")
+        if last == -1 or b"\r" in chunk or len(chunk) > self.max_line_bytes:
+            return False
+        try:
+            text = chunk[: last + 1].decode("utf-8")
+        except UnicodeDecodeError:
+            return False  # the general path reports it, line by line
+        lines = text.split("\n")
+        lines.pop()  # the empty string after the last LF
+        for line in lines:
+            event = self._line(line)
+            if event is not None:
+                events.append(event)
+        if last + 1 < len(chunk):
+            self._buf += chunk[last + 1 :]
+        return True
 
     def close(self) -> list[SSEEvent]:
         """End of input. A block without its blank line is incomplete and dropped (per spec)."""
@@ -91,13 +115,15 @@ class SSEDecoder:
         """True when input ended in the middle of a line or an event block."""
         return bool(self._buf) or bool(self._data)
 
-    def _line(self, raw: bytes) -> SSEEvent | None:
+    def _decode(self, raw: bytes) -> str:
         if len(raw) > self.max_line_bytes:
             raise ProviderProtocolError(f"SSE line longer than {self.max_line_bytes} bytes")
         try:
-            line = raw.decode("utf-8")
+            return raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise ProviderProtocolError(f"SSE stream is not valid UTF-8: {exc.reason}") from None
+
+    def _line(self, line: str) -> SSEEvent | None:
         if not line:
             return self._dispatch()
         if line[0] == ":":

@@ -5,6 +5,7 @@ Shared by every HTTP provider so each of them is only field mapping.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -96,9 +97,10 @@ async def ndjson_objects(resp: httpx.Response) -> AsyncIterator[Any]:
 
 def load_frame(data: str) -> Any:
     """Parse one SSE ``data`` payload as JSON; an error frame raises typed."""
-    obj = decode_json_body(data.encode())
-    if obj is None and data.strip() != "null":
-        raise ProviderProtocolError(f"malformed SSE frame: {data[:200]!r}")
+    try:
+        obj = json.loads(data)  # from str: no re-encoding, no encoding detection
+    except (ValueError, RecursionError):
+        raise ProviderProtocolError(f"malformed SSE frame: {data[:200]!r}") from None
     err = error_from_frame(obj)
     if err is not None:
         raise err
