@@ -211,3 +211,48 @@ def test_context_overflow_is_typed(llama: LlamaServer) -> None:
 def test_never_sends_conversation_id(llama: LlamaServer) -> None:
     with pytest.raises(ValueError):
         create_llm("llamacpp", base_url=llama.url, headers={"X-Conversation-Id": "c1"})
+
+
+@pytest.mark.parametrize("raw", [False, True], ids=["chat", "raw"])
+def test_non_streaming_over_the_stream_equals_the_plain_answer(lm: LLM, raw: bool) -> None:
+    """A non-streaming generate rides the streaming wire by default; greedy decoding gives the
+    same content, finish_reason and usage as the plain route, and the same timing fields."""
+    kwargs = {"max_tokens": 24, "temperature": 0, "seed": 1}
+    args = ("The capital of France is",) if raw else ()
+    over = lm.generate(*args, raw=raw, messages=None if raw else CAPITAL, **kwargs)  # type: ignore[arg-type]
+    plain = lm.generate(*args, raw=raw, messages=None if raw else CAPITAL, plain_wire=True, **kwargs)  # type: ignore[arg-type]
+    assert over.content == plain.content and over.content
+    assert over.finish_reason == plain.finish_reason
+    assert over.usage == plain.usage and over.usage is not None and over.usage.completion_tokens
+    for field in ("prompt_ms", "predicted_ms", "tokens_per_s"):
+        assert (getattr(over.timings, field) is None) == (getattr(plain.timings, field) is None), field
+    assert over.timings.predicted_ms is not None
+
+
+def test_non_streaming_stop_reaches_the_server_within_a_token(lm: LLM, llama: LlamaServer) -> None:
+    """Over the streaming wire llama-server notices the stop at its next token write (its own
+    ``cancel task`` line), not at its once-a-second connection poll of a plain request."""
+    before = len(llama.cancelled_tasks())
+    event = threading.Event()
+    stopped_at: list[float] = []
+
+    def stop() -> None:
+        time.sleep(1.0)
+        stopped_at.append(time.perf_counter())
+        event.set()
+
+    threading.Thread(target=stop, daemon=True).start()
+    with pytest.raises(GenerationCancelledError) as info:
+        lm.generate("Write a very long story about a dragon.", max_tokens=2000, ignore_eos=True, cancel_event=event)
+    assert info.value.partial_text and info.value.generated_tokens > 0  # the partial answer is kept
+    seen_at = None
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        if len(llama.cancelled_tasks()) > before:
+            seen_at = time.perf_counter()
+            break
+        time.sleep(0.005)
+    assert seen_at is not None, "no 'cancel task' in llama-server's log:\n" + llama.log_tail()
+    # one token is ~10-30 ms here even on a loaded machine; the plain route's poll is ~1 s
+    assert seen_at - stopped_at[0] < 0.6, seen_at - stopped_at[0]
+    assert_server_stopped(llama, before)

@@ -81,6 +81,20 @@ def test_real_answers_with_usage(lm: LLM) -> None:
     assert stream.result().usage is not None
 
 
+@pytest.mark.parametrize("raw", [False, True], ids=["chat", "raw"])
+def test_non_streaming_over_the_stream_equals_the_plain_answer(lm: LLM, raw: bool) -> None:
+    """Greedy decoding: the over-stream answer (the default) and the plain route agree."""
+    if raw:
+        over = lm.generate("The capital of France is", raw=True, max_tokens=12, temperature=0)
+        plain = lm.generate("The capital of France is", raw=True, max_tokens=12, temperature=0, plain_wire=True)
+    else:
+        over = lm.generate(messages=CAPITAL, max_tokens=12, temperature=0)
+        plain = lm.generate(messages=CAPITAL, max_tokens=12, temperature=0, plain_wire=True)
+    assert over.content == plain.content and over.content
+    assert over.finish_reason == plain.finish_reason
+    assert over.usage == plain.usage and over.usage is not None and over.usage.completion_tokens
+
+
 def test_raw_completion_and_extras(lm: LLM) -> None:
     extras = {"top_k": 1, "min_p": 0.0, "repetition_penalty": 1.1}
     result = lm.generate("The capital of France is", raw=True, max_tokens=5, temperature=0, **extras)
