@@ -24,10 +24,19 @@ from .errors import (
     TransportError,
 )
 from .llm import LLM
-from .provider import CallContext, Completion, ModelInfo, Provider, UnloadReport
+from .provider import CallContext, Completion, EmbeddingBatch, ModelInfo, Provider, UnloadReport
 from .registry import available_providers, create_llm, register_provider
 from .sync_stream import SyncGenerationStream
-from .types import GenerateResult, GenerationRequest, Message, StreamChunk, Timeout, Timings, Usage
+from .types import (
+    EmbeddingResult,
+    GenerateResult,
+    GenerationRequest,
+    Message,
+    StreamChunk,
+    Timeout,
+    Timings,
+    Usage,
+)
 
 __version__ = "0.1.0"
 
@@ -42,6 +51,8 @@ __all__ = [
     "CallContext",
     "Completion",
     "ContextOverflowError",
+    "EmbeddingBatch",
+    "EmbeddingResult",
     "GenerateResult",
     "GenerationCancelledError",
     "GenerationRequest",

@@ -2,8 +2,9 @@
 
 Sync and async, streaming and non-streaming, retries and structured output all run through
 :func:`run_generation` or :class:`GenerationStream` (the sync API drives these same coroutines on
-the LLM's own loop thread); model management runs through :func:`run_operation`. Each rule has
-one function, in the ``_contract`` package:
+the LLM's own loop thread); embeddings through :func:`run_embedding` (a step per batch); model
+management and token counting through :func:`run_operation`. Each rule has one function, in the
+``_contract`` package:
 
 ====  =====================================================================  =========================
 rule  what                                                                   where
@@ -34,6 +35,7 @@ from ._contract import (
     cancelled,
     operation_spec,
     release,
+    run_embedding,
     run_generation,
     run_operation,
 )
@@ -51,6 +53,7 @@ __all__ = [
     "Progress",
     "operation_spec",
     "release",
+    "run_embedding",
     "run_generation",
     "run_operation",
     "stopped_error",

@@ -20,13 +20,22 @@ import anyio
 
 from ._portal import Portal
 from .abort import AbortSignal
-from .contract import Call, CallSpec, GenerationStream, operation_spec, run_generation, run_operation, stopped_error
+from .contract import (
+    Call,
+    CallSpec,
+    GenerationStream,
+    operation_spec,
+    run_embedding,
+    run_generation,
+    run_operation,
+    stopped_error,
+)
 from .errors import AbstractClientError, ModelBusyError, StopReason
 from .http.retry import RetryPolicy
 from .provider import ModelInfo, Provider, UnloadReport
 from .stop import InflightRegistry, StopToken
 from .sync_stream import SyncGenerationStream
-from .types import GenerateResult, GenerationRequest, Message, Timeout
+from .types import EmbeddingResult, GenerateResult, GenerationRequest, Message, Timeout
 
 T = TypeVar("T")
 
@@ -261,6 +270,100 @@ class LLM:
             extra=extra,
         )
         return GenerationStream(call)
+
+    # -- embeddings and tokens ------------------------------------------------------------------
+
+    def _embed_call(
+        self,
+        texts: str | list[str],
+        batch_size: int | None,
+        cancel_event: threading.Event | None,
+        signal: Any,
+        timeout: float | None,
+        request_id: str | None,
+        model: str | None,
+    ) -> tuple[Call, list[str], int]:
+        if self._closed:
+            raise AbstractClientError("this LLM is closed", provider=self.provider.name)
+        inputs = [texts] if isinstance(texts, str) else list(texts)
+        if not all(isinstance(t, str) for t in inputs):
+            raise TypeError("embed() takes a string or a list of strings")
+        size = self.provider.default_embed_batch_size if batch_size is None else batch_size
+        if size < 1:
+            raise ValueError("batch_size must be >= 1")
+        StopToken.check_sources(cancel_event, signal)
+        spec = CallSpec(
+            provider=self.provider,
+            request=GenerationRequest(messages=[], model=model or self.provider.model),
+            # the whole embed (every batch) is bounded by ``timeout``; first-token/idle do not apply
+            timeout=Timeout(connect=self.timeout.connect, total=timeout if timeout is not None else self.timeout.total),
+            retry=self.retry,
+            cancel_event=cancel_event,
+            signal=signal,
+        )
+        call = Call(spec, StopToken(request_id or uuid.uuid4().hex), self._inflight, gate=self._ejecting)
+        return call, inputs, size
+
+    def embed(
+        self,
+        texts: str | list[str],
+        *,
+        batch_size: int | None = None,
+        dimensions: int | None = None,
+        cancel_event: threading.Event | None = None,
+        signal: Any = None,
+        timeout: float | None = None,
+        request_id: str | None = None,
+        model: str | None = None,
+    ) -> EmbeddingResult:
+        """Embed ``texts`` in batches of ``batch_size`` (the lane's default when None). A stop
+        between batches raises ``GenerationCancelledError`` with ``partial_embeddings``."""
+        call, inputs, size = self._embed_call(texts, batch_size, cancel_event, signal, timeout, request_id, model)
+        return self._portal.run(
+            lambda: run_embedding(call, inputs, batch_size=size, dimensions=dimensions),
+            on_interrupt=call.token.stop,
+            stop=call.token,
+            stopped_error=lambda: stopped_error(call),
+        )
+
+    async def aembed(
+        self,
+        texts: str | list[str],
+        *,
+        batch_size: int | None = None,
+        dimensions: int | None = None,
+        cancel_event: threading.Event | None = None,
+        signal: Any = None,
+        timeout: float | None = None,
+        request_id: str | None = None,
+        model: str | None = None,
+    ) -> EmbeddingResult:
+        call, inputs, size = self._embed_call(texts, batch_size, cancel_event, signal, timeout, request_id, model)
+        return await run_embedding(call, inputs, batch_size=size, dimensions=dimensions)
+
+    def count_tokens(
+        self, prompt: str | None = None, *, messages: list[Message] | None = None, timeout: float | None = 30.0
+    ) -> int:
+        """Tokens of ``prompt`` as given, or of ``messages`` with the chat template applied.
+        ``NotSupportedError`` on lanes without a tokenize route (Ollama, LM Studio)."""
+        return self._run_operation(
+            lambda rid: self.acount_tokens(prompt, messages=messages, timeout=timeout, request_id=rid)
+        )
+
+    async def acount_tokens(
+        self,
+        prompt: str | None = None,
+        *,
+        messages: list[Message] | None = None,
+        timeout: float | None = 30.0,
+        request_id: str | None = None,
+    ) -> int:
+        if (prompt is None) == (messages is None):
+            raise ValueError("pass a prompt or messages (one of them)")
+        request = GenerationRequest(
+            messages=list(messages or []), model=self.provider.model, prompt=prompt, raw=prompt is not None
+        )
+        return await self._operation(lambda: self.provider.count_tokens(request), timeout, request_id=request_id)
 
     # -- stopping -----------------------------------------------------------------------------
 

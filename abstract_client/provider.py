@@ -47,6 +47,16 @@ class Completion:
 
 
 @dataclass(slots=True)
+class EmbeddingBatch:
+    """A provider's answer to one batch of embedding inputs. A batch may come back short only
+    when the stop was requested (in-process engines stop between inputs)."""
+
+    vectors: list[list[float]]
+    usage: Usage | None = None
+    model: str | None = None
+
+
+@dataclass(slots=True)
 class CallContext:
     token: StopToken
     request_id: str
@@ -103,6 +113,7 @@ class Provider(abc.ABC):
     # (the server then sees a stop at its next token write, instead of at its next connection
     # poll); ``generate(..., plain_wire=True)`` opts out per call.
     complete_over_stream: bool = False
+    default_embed_batch_size: int = 32  # inputs per embeddings request (client-side batching)
 
     def __init__(self, *, model: str | None, clients: HttpClients | None = None) -> None:
         self.model = model
@@ -119,6 +130,17 @@ class Provider(abc.ABC):
     @abc.abstractmethod
     async def complete(self, request: GenerationRequest, ctx: CallContext) -> Completion:
         """The non-streaming call over the server's plain route (``stream: false``)."""
+
+    async def embed(
+        self, texts: list[str], ctx: CallContext, *, model: str | None, dimensions: int | None = None
+    ) -> EmbeddingBatch:
+        """Embed one batch (the contract does the batching, the stop between batches, retries)."""
+        raise NotSupportedError(f"{self.name} has no embeddings route", provider=self.name)
+
+    async def count_tokens(self, request: GenerationRequest) -> int:
+        """Tokens of ``request.prompt`` (as given) or of ``request.messages`` with the chat
+        template applied."""
+        raise NotSupportedError(f"{self.name} has no tokenize route", provider=self.name)
 
     async def list_models(self) -> list[ModelInfo]:
         raise NotSupportedError(f"{self.name} cannot list models", provider=self.name)

@@ -52,6 +52,19 @@ class GenerateResult:
 
 
 @dataclass(frozen=True, slots=True)
+class EmbeddingResult:
+    """One vector per input, in input order. ``usage.prompt_tokens`` counts the inputs' tokens
+    where the backend reports them."""
+
+    vectors: list[list[float]]
+    model: str | None
+    usage: Usage | None
+    provider: str
+    request_id: str
+    total_ms: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class StreamChunk:
     """One piece of a streamed answer. ``usage``/``timings`` arrive on the last chunk when known."""
 

@@ -38,6 +38,7 @@ class LlamaCppProvider(OpenAICompatibleProvider):
     chat_path = "/v1/chat/completions"
     models_path = "/v1/models"
     ready_path = "/health"
+    embeddings_path = "/v1/embeddings"  # the server must run with --embeddings (and a --pooling)
 
     def __init__(self, *, base_url: str | None = None, headers: dict[str, str] | None = None, **kw: Any) -> None:
         if headers and _FORBIDDEN_HEADERS & {h.lower() for h in headers}:
@@ -84,6 +85,24 @@ class LlamaCppProvider(OpenAICompatibleProvider):
             raise ProviderProtocolError(f"unexpected /completion body: {str(body)[:200]}")
         chunk = _native_chunk(body)
         return Completion.from_chunk(chunk, raw=body)
+
+    # -- tokens ------------------------------------------------------------------------------------
+
+    async def count_tokens(self, request: GenerationRequest) -> int:
+        """``/apply-template`` (the model's own chat template) then ``/tokenize``; a raw prompt
+        is tokenized as ``/completion`` does (special tokens added where the model wants them)."""
+        if request.raw:
+            prompt, add_special = request.prompt or "", True
+        else:
+            templated = await self.post_json("/apply-template", {"messages": request.messages})
+            if not isinstance(templated, dict) or not isinstance(templated.get("prompt"), str):
+                raise ProviderProtocolError(f"unexpected /apply-template body: {str(templated)[:200]}")
+            prompt, add_special = templated["prompt"], False
+        body = await self.post_json("/tokenize", {"content": prompt, "add_special": add_special})
+        tokens = body.get("tokens") if isinstance(body, dict) else None
+        if not isinstance(tokens, list):
+            raise ProviderProtocolError(f"unexpected /tokenize body: {str(body)[:200]}")
+        return len(tokens)
 
     # -- models ------------------------------------------------------------------------------------
 

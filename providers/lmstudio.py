@@ -37,6 +37,7 @@ class LMStudioProvider(OpenAICompatibleProvider):
     chat_path = "/v1/chat/completions"
     models_path = "/v1/models"
     ready_path = "/v1/models"
+    embeddings_path = "/v1/embeddings"
 
     def __init__(self, *, base_url: str | None = None, **kw: Any) -> None:
         root = (base_url or self.default_base_url).rstrip("/")

@@ -35,8 +35,14 @@ import anyio
 
 from abstract_client._loop import loop_caller
 from abstract_client.engine_thread import EngineThread
-from abstract_client.errors import ModelBusyError, ModelNotFoundError, ProviderAPIError, ProviderProtocolError
-from abstract_client.provider import CallContext, Completion, ModelInfo, Provider, UnloadReport
+from abstract_client.errors import (
+    ModelBusyError,
+    ModelNotFoundError,
+    NotSupportedError,
+    ProviderAPIError,
+    ProviderProtocolError,
+)
+from abstract_client.provider import CallContext, Completion, EmbeddingBatch, ModelInfo, Provider, UnloadReport
 from abstract_client.stop import StopToken
 from abstract_client.stop_strings import StopStrings
 from abstract_client.types import GenerationRequest, StreamChunk, Timings, Usage
@@ -49,7 +55,7 @@ _END = object()
 class RequestStats:
     """The MLX side's own record of one request: the evidence a stop is judged by."""
 
-    tokens: int = 0  # tokens sampled by mlx-lm for this request
+    tokens: int = 0  # tokens sampled by mlx-lm for this request (embeddings: inputs embedded)
     prefill_done: int = 0
     prefill_total: int = 0
     tokens_at_stop: int | None = None  # the counter when the worker saw the stop flag
@@ -69,6 +75,7 @@ class _Failure:
 
 class MLXProvider(Provider):
     name = "mlx"
+    default_embed_batch_size = 16
 
     def __init__(
         self,
@@ -216,6 +223,35 @@ class MLXProvider(Provider):
             del gen
             mx.synchronize()
 
+    def _embed_on_thread(
+        self, texts: list[str], token: StopToken, stats: RequestStats
+    ) -> tuple[list[list[float]], int]:
+        """The model's final (normed) hidden states, mean-pooled over the input's tokens and
+        L2-normalised (as llama-server's ``--pooling mean`` does); the stop is checked before
+        every input, so a stop returns the inputs finished so far."""
+        import mlx.core as mx
+
+        model, tokenizer = self._ensure_loaded()
+        body = getattr(model, "model", None)
+        if body is None:
+            raise NotSupportedError(f"{type(model).__name__} exposes no hidden states", provider=self.name)
+        vectors: list[list[float]] = []
+        n_tokens = 0
+        for text in texts:
+            if token.is_set:
+                stats.stopped_in, stats.tokens_at_stop = "embed", stats.tokens
+                break
+            ids = list(tokenizer.encode(text)) or [int(tokenizer.eos_token_id or 0)]
+            hidden = body(mx.array([ids]))[0].astype(mx.float32)  # (tokens, hidden size)
+            pooled = mx.mean(hidden, axis=0)
+            pooled = pooled / mx.maximum(mx.linalg.norm(pooled), 1e-12)
+            values: Any = pooled.tolist()  # evaluates on this thread
+            vectors.append([float(x) for x in values])
+            n_tokens += len(ids)
+            stats.tokens += 1
+        mx.synchronize()
+        return vectors, n_tokens
+
     def _unload_on_thread(self) -> tuple[int, int]:
         import mlx.core as mx
 
@@ -289,6 +325,24 @@ class MLXProvider(Provider):
             timings=last.timings,
             model=self.path.name,
         )
+
+    async def embed(
+        self, texts: list[str], ctx: CallContext, *, model: str | None, dimensions: int | None = None
+    ) -> EmbeddingBatch:
+        if dimensions is not None:
+            raise NotSupportedError("MLX embeddings have the model's hidden size: dimensions= is not supported")
+        stats = self.stats(ctx.request_id) or self._new_stats(ctx.request_id)
+        vectors, n_tokens = await self.thread.run(lambda: self._embed_on_thread(texts, ctx.token, stats))
+        return EmbeddingBatch(vectors=vectors, usage=Usage(prompt_tokens=n_tokens), model=self.path.name)
+
+    async def count_tokens(self, request: GenerationRequest) -> int:
+        """The model's own tokenizer (chat template with the generation prompt for messages)."""
+
+        def count() -> int:
+            _, tokenizer = self._ensure_loaded()
+            return len(self._prompt_ids(tokenizer, request))
+
+        return await self.thread.run(count)
 
     # -- models ---------------------------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ import anyio
 
 from abstract_client.errors import ProviderProtocolError, ServerUnavailableError
 from abstract_client.http.wire import expect_stream, json_body, ndjson_objects, poll_until_ready, raise_if_error
-from abstract_client.provider import CallContext, Completion, ModelInfo, UnloadReport
+from abstract_client.provider import CallContext, Completion, EmbeddingBatch, ModelInfo, UnloadReport
 from abstract_client.types import GenerationRequest, StreamChunk, Timings, Usage
 
 from .openai_compatible import OpenAICompatibleProvider, sampling_fields
@@ -39,6 +39,7 @@ class OllamaProvider(OpenAICompatibleProvider):
     chat_path = "/v1/chat/completions"
     models_path = "/v1/models"
     ready_path = "/"
+    embeddings_path = "/v1/embeddings"
 
     def __init__(
         self, *, base_url: str | None = None, use_openai_api: bool = False, unload_poll_timeout: float = 30.0, **kw: Any
@@ -98,6 +99,30 @@ class OllamaProvider(OpenAICompatibleProvider):
         raise_if_error(obj)
         chunk = _chunk(obj)
         return Completion.from_chunk(chunk, raw=obj)
+
+    async def embed(
+        self, texts: list[str], ctx: CallContext, *, model: str | None, dimensions: int | None = None
+    ) -> EmbeddingBatch:
+        """Native ``/api/embed`` (all-or-nothing per request on Ollama's side: a stop loses only
+        the batch in flight, the contract keeps the earlier ones)."""
+        if self.use_openai_api:
+            return await super().embed(texts, ctx, model=model, dimensions=dimensions)
+        body: dict[str, Any] = {"model": model, "input": texts}
+        if dimensions is not None:
+            body["dimensions"] = dimensions
+        body.update({k: v for k, v in self.options.items() if k in ("keep_alive", "truncate", "options")})
+        obj = json_body(await ctx.request("POST", "/api/embed", json=body))
+        vectors = obj.get("embeddings") if isinstance(obj, dict) else None
+        if not isinstance(vectors, list) or not all(
+            isinstance(v, list) and all(isinstance(x, (int, float)) for x in v) for v in vectors
+        ):
+            raise ProviderProtocolError(f"unexpected /api/embed body: {str(obj)[:200]}")
+        n_prompt = obj.get("prompt_eval_count")
+        return EmbeddingBatch(
+            vectors=[[float(x) for x in v] for v in vectors],
+            usage=Usage(prompt_tokens=n_prompt if isinstance(n_prompt, int) else None),
+            model=obj.get("model") if isinstance(obj.get("model"), str) else None,
+        )
 
     # -- models ------------------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ from typing import Any
 from abstract_client.errors import ProviderProtocolError
 from abstract_client.http.transport import HttpClients
 from abstract_client.http.wire import expect_stream, json_body, load_frame, poll_until_ready, sse_events
-from abstract_client.provider import CallContext, Completion, ModelInfo, Provider
+from abstract_client.provider import CallContext, Completion, EmbeddingBatch, ModelInfo, Provider
 from abstract_client.types import GenerationRequest, StreamChunk, Timings, Usage
 
 
@@ -114,6 +114,27 @@ def completion_from(obj: Any) -> Completion:
     )
 
 
+def embeddings_from(obj: Any) -> EmbeddingBatch:
+    """Map an OpenAI-style ``/embeddings`` answer (``data[i].embedding``, by ``index``)."""
+    obj = _expect_dict(obj, "embeddings")
+    data = obj.get("data")
+    if not isinstance(data, list):
+        raise ProviderProtocolError(f"embeddings without data: {str(obj)[:200]}")
+    indexed: list[tuple[int, list[float]]] = []
+    for position, item in enumerate(data):
+        vector = item.get("embedding") if isinstance(item, dict) else None
+        if not isinstance(vector, list) or not all(isinstance(x, (int, float)) for x in vector):
+            raise ProviderProtocolError(f"malformed embedding #{position}: {str(item)[:200]}")
+        index = item.get("index", position)
+        indexed.append((index if isinstance(index, int) else position, [float(x) for x in vector]))
+    indexed.sort(key=lambda pair: pair[0])
+    return EmbeddingBatch(
+        vectors=[vector for _, vector in indexed],
+        usage=usage_from(obj.get("usage")),
+        model=obj.get("model") if isinstance(obj.get("model"), str) else None,
+    )
+
+
 async def openai_sse_chunks(
     resp: Any, mapping: Callable[[Any], StreamChunk] | None = None
 ) -> AsyncIterator[StreamChunk]:
@@ -138,6 +159,7 @@ class OpenAICompatibleProvider(Provider):
     chat_path = "/chat/completions"
     models_path = "/models"
     ready_path = "/models"
+    embeddings_path = "/embeddings"
 
     def __init__(
         self,
@@ -184,6 +206,14 @@ class OpenAICompatibleProvider(Provider):
     async def complete(self, request: GenerationRequest, ctx: CallContext) -> Completion:
         resp = await ctx.request("POST", self.chat_path, json=self.chat_body(request, stream=False))
         return completion_from(json_body(resp))
+
+    async def embed(
+        self, texts: list[str], ctx: CallContext, *, model: str | None, dimensions: int | None = None
+    ) -> EmbeddingBatch:
+        body: dict[str, Any] = {"model": model or "default", "input": texts, "encoding_format": "float"}
+        if dimensions is not None:
+            body["dimensions"] = dimensions
+        return embeddings_from(json_body(await ctx.request("POST", self.embeddings_path, json=body)))
 
     async def get_json(self, path: str) -> Any:
         """``GET`` on the pooled client (model management and probes are not generations)."""

@@ -91,6 +91,19 @@ class VLLMProvider(OpenAICompatibleProvider):
         chunk = _text_chunk(body)
         return Completion.from_chunk(chunk, raw=body)
 
+    async def count_tokens(self, request: GenerationRequest) -> int:
+        """vLLM's ``/tokenize`` (chat template applied to messages, with the generation prompt)."""
+        body: dict[str, Any] = {"model": request.model or self.model or "default"}
+        if request.raw:
+            body["prompt"] = request.prompt or ""
+        else:
+            body.update(messages=request.messages, add_generation_prompt=True)
+        answer = await self.post_json(f"{self.root}/tokenize", body)
+        count = answer.get("count") if isinstance(answer, dict) else None
+        if not isinstance(count, int):
+            raise ProviderProtocolError(f"unexpected /tokenize body: {str(answer)[:200]}")
+        return count
+
     async def unload_model(self, *, drain_timeout: float = 30.0) -> UnloadReport:
         raise NotSupportedError(
             "vLLM serves one model per process and has no unload endpoint (our in-flight calls were "

@@ -8,6 +8,7 @@ is missing, these tests FAIL with the reason (run ``scripts/get_llama_server.sh`
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -62,13 +63,16 @@ def long_prompt(words: int = 2000) -> str:
 
 
 def assert_server_stopped(llama: LlamaServer, cancels_before: int) -> None:
-    """The server's own evidence: a new ``cancel task`` log line, the slot idle within 2 s, and
-    the decoded-token count frozen."""
-    deadline = time.monotonic() + 3
+    """The server's own evidence: a new ``cancel task`` log line, the slot idle, and the
+    decoded-token count frozen. The bounds are generous on purpose: with other work on both
+    cores, ggml's threads can take seconds per token, and the server notices a closed stream at
+    its next token write (or its 1 s poll); a 2,000-token answer that was NOT stopped would keep
+    the slot busy for minutes."""
+    deadline = time.monotonic() + 10
     while time.monotonic() < deadline and len(llama.cancelled_tasks()) <= cancels_before:
         time.sleep(0.02)
     assert len(llama.cancelled_tasks()) > cancels_before, "no 'cancel task' in llama-server's log:\n" + llama.log_tail()
-    assert llama.wait_idle(2.0), f"slot still processing: {llama.slots()}"
+    assert llama.wait_idle(15.0), f"slot still processing: {llama.slots()}"
     decoded = llama.n_decoded()
     time.sleep(0.5)
     assert llama.n_decoded() == decoded
@@ -230,29 +234,30 @@ def test_non_streaming_over_the_stream_equals_the_plain_answer(lm: LLM, raw: boo
 
 
 def test_non_streaming_stop_reaches_the_server_within_a_token(lm: LLM, llama: LlamaServer) -> None:
-    """Over the streaming wire llama-server notices the stop at its next token write (its own
-    ``cancel task`` line), not at its once-a-second connection poll of a plain request."""
+    """Over the streaming wire llama-server notices the stop at its next token write, not at
+    its once-a-second poll of a plain request. The proof does not depend on the machine's
+    speed: the server's own log says how many tokens its slot held when it released the
+    cancelled task (prompt + decoded), and it decoded at most a token or two beyond what the
+    client had received."""
+    prompt = [{"role": "user", "content": "Write a very long story about a dragon."}]
+    prompt_tokens = lm.count_tokens(messages=prompt)
     before = len(llama.cancelled_tasks())
     event = threading.Event()
-    stopped_at: list[float] = []
-
-    def stop() -> None:
-        time.sleep(1.0)
-        stopped_at.append(time.perf_counter())
-        event.set()
-
-    threading.Thread(target=stop, daemon=True).start()
+    threading.Timer(1.0, event.set).start()
     with pytest.raises(GenerationCancelledError) as info:
-        lm.generate("Write a very long story about a dragon.", max_tokens=2000, ignore_eos=True, cancel_event=event)
-    assert info.value.partial_text and info.value.generated_tokens > 0  # the partial answer is kept
-    seen_at = None
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        if len(llama.cancelled_tasks()) > before:
-            seen_at = time.perf_counter()
-            break
-        time.sleep(0.005)
-    assert seen_at is not None, "no 'cancel task' in llama-server's log:\n" + llama.log_tail()
-    # one token is ~10-30 ms here even on a loaded machine; the plain route's poll is ~1 s
-    assert seen_at - stopped_at[0] < 0.6, seen_at - stopped_at[0]
+        lm.generate(messages=prompt, max_tokens=2000, ignore_eos=True, cancel_event=event)
+    received = info.value.generated_tokens
+    assert info.value.partial_text and received > 0  # the partial answer is kept
     assert_server_stopped(llama, before)
+    task = llama.cancelled_tasks()[-1]
+    released = re.search(rf"task {task} \| stop processing: n_tokens = (\d+)", llama.log_text())
+    assert released is not None, llama.log_tail()
+    decoded_by_server = int(released.group(1)) - prompt_tokens
+    assert decoded_by_server <= received + 3, (decoded_by_server, received)
+
+
+def test_count_tokens_matches_the_prompt_the_server_reports(lm: LLM) -> None:
+    result = lm.generate(messages=CAPITAL, max_tokens=2, temperature=0)
+    assert result.usage is not None and lm.count_tokens(messages=CAPITAL) == result.usage.prompt_tokens
+    raw = lm.generate("The capital of France is", raw=True, max_tokens=2, temperature=0)
+    assert raw.usage is not None and lm.count_tokens("The capital of France is") == raw.usage.prompt_tokens

@@ -182,3 +182,10 @@ def test_errors_are_typed(vllm: VLLMServer) -> None:
             lm.unload_model(drain_timeout=5)
         lm.wait_ready(10)
         assert [m.id for m in lm.list_models()] == ["smollm2"]
+
+
+def test_count_tokens_matches_the_prompt_the_server_reports(lm: LLM) -> None:
+    result = lm.generate(messages=CAPITAL, max_tokens=2, temperature=0)
+    assert result.usage is not None and lm.count_tokens(messages=CAPITAL) == result.usage.prompt_tokens
+    raw = lm.generate("The capital of France is", raw=True, max_tokens=2, temperature=0)
+    assert raw.usage is not None and lm.count_tokens("The capital of France is") == raw.usage.prompt_tokens

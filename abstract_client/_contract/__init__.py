@@ -2,6 +2,7 @@
 
 from .admission import admit, release
 from .call import Call, CallSpec, Progress
+from .embed import run_embedding
 from .run import operation_spec, result_of, run_generation, run_operation, with_retries
 from .scope import deadline, needs_scope, step
 from .stream import GenerationStream, open_source
@@ -22,6 +23,7 @@ __all__ = [
     "operation_spec",
     "release",
     "result_of",
+    "run_embedding",
     "run_generation",
     "run_operation",
     "step",

@@ -47,6 +47,7 @@ class Progress:
     first_chunk_at: float | None = None  # perf_counter
     last_chunk_at: float | None = None  # perf_counter
     completed_at: float | None = None  # perf_counter when the answer was judged complete (rule 7)
+    vectors: list[list[float]] | None = None  # embedding calls: the vectors finished so far
 
     @property
     def text(self) -> str:

@@ -63,6 +63,8 @@ def attach(call: Call, err: AbstractClientError) -> AbstractClientError:
     err.provider = err.provider or call.provider.name
     err.model = err.model or progress.model or call.request.model
     err.request_id = err.request_id or call.request_id
+    if progress.vectors is not None and err.partial_embeddings is None:
+        err.partial_embeddings = list(progress.vectors)
     return err
 
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import logging
+import math
 import select
 import socket
 import struct
@@ -70,6 +72,8 @@ class Behavior:
     fault: str | None = None  # applied to every request (see Fault names in README of testing)
     fail_after_tokens: int = 2
     retry_after: float | None = None  # Retry-After header on 429/503 faults
+    embed_delay: float = 0.0  # seconds of "compute" per embedding input (a disconnect interrupts)
+    embed_dim: int = 8  # length of the (deterministic, unit-length) fake embedding vectors
     models: dict[str, bool] = field(default_factory=lambda: {"fake-model": True})
 
 
@@ -412,6 +416,33 @@ class FakeServer:
         if isinstance(body.get("input"), str):
             parts.append(body["input"])
         return "\n".join(parts)
+
+    def embedding_inputs(self, conn: Conn, record: RequestRecord) -> list[str] | None:
+        """The ``input`` of an embeddings request as a list (None: a 400 was sent)."""
+        body = record.body if isinstance(record.body, dict) else {}
+        inputs = body.get("input")
+        if isinstance(inputs, str):
+            inputs = [inputs]
+        if not isinstance(inputs, list) or not all(isinstance(t, str) for t in inputs):
+            conn.send_json(400, self.error_body(400, "input must be a string or a list of strings"))
+            return None
+        return inputs
+
+    def embed_all(self, conn: Conn, inputs: list[str], dimensions: Any = None) -> list[list[float]]:
+        """One vector per input, ``embed_delay`` apart; raises ClientGone if the client leaves.
+        The same text always gives the same unit-length vector."""
+        dim = dimensions if isinstance(dimensions, int) and dimensions > 0 else self.behavior.embed_dim
+        vectors = []
+        for text in inputs:
+            if self.behavior.embed_delay:
+                conn.wait(self.behavior.embed_delay)
+            digest = hashlib.sha256(text.encode()).digest()
+            raw = [(digest[i % len(digest)] - 127.5) / 127.5 + 1e-3 for i in range(dim)]
+            norm = math.sqrt(sum(x * x for x in raw))
+            vectors.append([x / norm for x in raw])
+            if conn.record is not None:  # one "token" per input embedded: the work-done record
+                conn.record.token_times.append(time.perf_counter())
+        return vectors
 
     def prefill(self, conn: Conn, record: RequestRecord) -> None:
         b = self.behavior

@@ -40,6 +40,7 @@ class FakeLMStudioServer(FakeOpenAIServer):
     def route(self, method: str, path: str) -> Handler | None:
         routes: dict[tuple[str, str], Handler] = {
             ("POST", "/v1/chat/completions"): self.lms_chat,
+            ("POST", "/v1/embeddings"): self.lms_embeddings,
             ("GET", "/v1/models"): self.models,
             ("POST", "/api/v1/chat"): self.native_chat,
             ("GET", "/api/v1/models"): self.native_models,
@@ -132,6 +133,12 @@ class FakeLMStudioServer(FakeOpenAIServer):
             )
             return False
         return True
+
+    def lms_embeddings(self, conn: Conn, record: RequestRecord) -> None:
+        body = record.body if isinstance(record.body, dict) else {}
+        if not self._check_model(conn, str(body.get("model"))):
+            return
+        self.embeddings(conn, record)
 
     def lms_chat(self, conn: Conn, record: RequestRecord) -> None:
         body = record.body if isinstance(record.body, dict) else {}

@@ -45,7 +45,9 @@ class FakeOllamaServer(FakeOpenAIServer):
             ("POST", "/api/show"): self.show,
             ("POST", "/api/chat"): self.native,
             ("POST", "/api/generate"): self.native,
+            ("POST", "/api/embed"): self.native_embed,
             ("POST", "/v1/chat/completions"): self.chat,
+            ("POST", "/v1/embeddings"): self.embeddings,
             ("GET", "/v1/models"): self.models,
         }
         return routes.get((method, path))
@@ -143,6 +145,33 @@ class FakeOllamaServer(FakeOpenAIServer):
             self._answer(conn, record, model, chat, body, tokens, finish, fault)
         finally:
             self._release(model)
+
+    def native_embed(self, conn: Conn, record: RequestRecord) -> None:
+        """``POST /api/embed``: all inputs or nothing, as Ollama does (one wait for every input)."""
+        body = record.body if isinstance(record.body, dict) else {}
+        fault = self._next_fault()
+        record.fault = fault
+        if self.early_fault(conn, fault):
+            return
+        model = str(body.get("model"))
+        if model not in self.behavior.models:
+            conn.send_json(404, {"error": f'model "{model}" not found, try pulling it first'})
+            return
+        inputs = self.embedding_inputs(conn, record)
+        if inputs is None:
+            return
+        t0 = time.perf_counter()
+        vectors = self.embed_all(conn, inputs, body.get("dimensions"))
+        conn.send_json(
+            200,
+            {
+                "model": model,
+                "embeddings": vectors,
+                "total_duration": _ns(time.perf_counter() - t0),
+                "load_duration": 0,
+                "prompt_eval_count": sum(len(t.split()) for t in inputs),
+            },
+        )
 
     def _load_or_unload(self, conn: Conn, model: str, body: dict[str, Any], chat: bool) -> None:
         keep_alive = body.get("keep_alive")

@@ -25,6 +25,7 @@ class FakeOpenAIServer(FakeServer):
     def route(self, method: str, path: str) -> Handler | None:
         routes: dict[tuple[str, str], Handler] = {
             ("POST", "/v1/chat/completions"): self.chat,
+            ("POST", "/v1/embeddings"): self.embeddings,
             ("GET", "/v1/models"): self.models,
             ("GET", "/health"): self.health,
         }
@@ -53,6 +54,32 @@ class FakeOpenAIServer(FakeServer):
             status, "server_error"
         )
         return {"error": {"code": status, "message": message, "type": kind}}
+
+    def embeddings(self, conn: Conn, record: RequestRecord) -> None:
+        """``POST /v1/embeddings``: OpenAI's shape (``data[i].embedding`` with ``index``)."""
+        body = record.body if isinstance(record.body, dict) else {}
+        fault = self._next_fault()
+        record.fault = fault
+        if self.early_fault(conn, fault):
+            return
+        model = str(body.get("model"))
+        if model not in self.behavior.models:
+            conn.send_json(404, self.error_body(404, f"The model `{model}` does not exist."))
+            return
+        inputs = self.embedding_inputs(conn, record)
+        if inputs is None:
+            return
+        vectors = self.embed_all(conn, inputs, body.get("dimensions"))
+        n = sum(len(t.split()) for t in inputs)
+        conn.send_json(
+            200,
+            {
+                "object": "list",
+                "model": model,
+                "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)],
+                "usage": {"prompt_tokens": n, "total_tokens": n},
+            },
+        )
 
     def chat(self, conn: Conn, record: RequestRecord) -> None:
         body = record.body if isinstance(record.body, dict) else {}

@@ -110,6 +110,7 @@ class LlamaServer(ServerProcess):
         ctx: int = 8192,
         batch: int = 64,
         parallel: int = 1,
+        threads: int = 2,
         extra: list[str] | None = None,
         ready_timeout: float = 120,
     ) -> LlamaServer:
@@ -129,7 +130,7 @@ class LlamaServer(ServerProcess):
             "-ub",
             str(batch),
             "-t",
-            "2",
+            str(threads),
             "-np",
             str(parallel),
             "--metrics",

@@ -1,0 +1,133 @@
+"""Embeddings and token counting on REAL engines: llama-server (started with ``--embeddings
+--pooling mean``) and mlx-lm, both with SmolLM2-135M-Instruct (hidden size 576). The stop is
+proven by each engine's evidence: llama-server's log of the tasks it processed, MLX's own count
+of inputs embedded after the flag."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from abstract_client import LLM, GenerationCancelledError, create_llm
+from abstract_client.testing.processes import LlamaServer, llama_server_binary, smollm2_gguf
+
+HIDDEN = 576
+CAPITAL = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "What is the capital of France?"},
+]
+CAT, KITTEN, MONEY = (
+    "The cat sat on the mat.",
+    "A cat was sitting on the mat.",
+    "Quarterly revenue rose four percent on strong bond trading.",
+)
+
+
+def cosine(a: list[float], b: list[float]) -> float:
+    dot = sum(x * y for x, y in zip(a, b, strict=True))
+    return dot / (math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b)))
+
+
+def same_vectors(a: list[list[float]], b: list[list[float]], tol: float) -> bool:
+    pairs = zip(a, b, strict=False)
+    return len(a) == len(b) and all(
+        len(u) == len(v) and all(abs(x - y) <= tol for x, y in zip(u, v, strict=True)) for u, v in pairs
+    )
+
+
+def check_vectors(llm: LLM) -> None:
+    result = llm.embed([CAT, KITTEN, MONEY, CAT])
+    assert [len(v) for v in result.vectors] == [HIDDEN] * 4
+    assert result.vectors[0] == pytest.approx(result.vectors[3], abs=1e-5)  # identical texts
+    assert cosine(result.vectors[0], result.vectors[1]) > cosine(result.vectors[0], result.vectors[2])
+    assert result.usage is not None and result.usage.prompt_tokens
+
+
+@pytest.fixture(scope="module")
+def embedder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
+    binary, model = llama_server_binary(), smollm2_gguf()
+    if binary is None or model is None:
+        pytest.fail("llama-server or SmolLM2 is missing: run scripts/get_llama_server.sh and scripts/get_model.py")
+    server = LlamaServer.launch(
+        binary,
+        model,
+        log_path=tmp_path_factory.mktemp("llama-embed") / "server.log",
+        batch=512,
+        threads=1,  # ggml's 2-thread barriers crawl when other work holds the 2 cores
+        extra=["--embeddings", "--pooling", "mean"],
+    )
+    yield server
+    server.stop()
+
+
+@pytest.mark.llamacpp
+def test_llamacpp_vectors(embedder: LlamaServer) -> None:
+    with create_llm("llamacpp", "smollm2", base_url=embedder.url) as llm:
+        check_vectors(llm)
+
+
+@pytest.mark.llamacpp
+def test_llamacpp_stop_during_a_2000_text_embed(embedder: LlamaServer) -> None:
+    """This llama-server build keeps computing every queued embedding task of a request after
+    its client has gone (llama.cpp #6421 still reproduces for ``/v1/embeddings``), so the
+    server-side proof is the bound that client-side batching gives: after the stop the server
+    computes at most the rest of the batch in flight, and no later batch is ever sent. Its own
+    log counts the tasks it processed."""
+    texts = [f"Sentence number {i} about topic {i % 17}." for i in range(2000)]
+    size = 16
+    with create_llm("llamacpp", "smollm2", base_url=embedder.url, max_retries=0) as llm:
+        t0 = time.perf_counter()
+        first = llm.embed(texts[:size], batch_size=size)  # how long one batch takes on this machine
+        per_batch = time.perf_counter() - t0
+        assert embedder.wait_idle(30)
+        mark = embedder.log_text().count("processing task")
+        event = threading.Event()
+        threading.Timer(per_batch * 2.5, event.set).start()  # half-way through the third batch
+        with pytest.raises(GenerationCancelledError) as info:
+            llm.embed(texts, batch_size=size, cancel_event=event)
+    done = info.value.partial_embeddings
+    assert done is not None and 0 < len(done) < 2000 and len(done) % size == 0
+    assert same_vectors(done[:size], first.vectors, 1e-4)  # the finished vectors, in order
+    assert embedder.wait_idle(60), "the server never drained the batch in flight"
+    time.sleep(1.0)
+    processed = embedder.log_text().count("processing task") - mark
+    assert len(done) <= processed <= len(done) + size, (processed, len(done))
+
+
+def test_mlx_vectors_count_tokens_and_stop() -> None:
+    from abstract_client.assets import smollm2_mlx
+    from providers.mlx import MLXProvider
+
+    with create_llm("mlx", str(smollm2_mlx())) as llm:
+        check_vectors(llm)
+        # token counts agree with what a generation reports
+        result = llm.generate(messages=CAPITAL, max_tokens=2)
+        assert result.usage is not None
+        assert llm.count_tokens(messages=CAPITAL) == result.usage.prompt_tokens
+        raw = llm.generate("The capital of France is", raw=True, max_tokens=2)
+        assert raw.usage is not None and llm.count_tokens("The capital of France is") == raw.usage.prompt_tokens
+        # a stop during a 2,000-text embed: the finished batches come back, in order; the engine
+        # embeds nothing after it sees the flag (its own count of inputs embedded)
+        texts = [f"Sentence number {i}." for i in range(2000)]
+        t0 = time.perf_counter()
+        first = llm.embed(texts[:8], batch_size=8)
+        per_batch = time.perf_counter() - t0
+        event = threading.Event()
+        threading.Timer(per_batch * 2.5, event.set).start()
+        with pytest.raises(GenerationCancelledError) as info:
+            llm.embed(texts, batch_size=8, cancel_event=event, request_id="emb")
+        done = info.value.partial_embeddings
+        assert done is not None and 0 < len(done) < 2000 and len(done) % 8 == 0
+        assert same_vectors(done[:8], first.vectors, 1e-5)
+        provider = llm.provider
+        assert isinstance(provider, MLXProvider)
+        stats = provider.stats("emb")
+        assert stats is not None
+        assert provider.thread.wait_idle(30)
+        # the flag seen between inputs: nothing embedded after it (or the stop came between batches)
+        assert stats.tokens_at_stop is None or stats.tokens == stats.tokens_at_stop
+        assert len(done) <= stats.tokens < len(done) + 8  # at most the batch in flight went unreturned
