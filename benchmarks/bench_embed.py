@@ -24,15 +24,8 @@ import httpx
 from abstract_client import GenerationCancelledError, create_llm
 from abstract_client.testing import SubprocessFake
 
-
-def print_table(title: str, rows: list[dict[str, Any]]) -> None:
-    print(f"\n{title}")
-    cols = list(rows[0])
-    cells = [[f"{r[c]:.1f}" if isinstance(r[c], float) else str(r[c]) for c in cols] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-    print("  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)))
-    for row in cells:
-        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _tables import print_table
 
 
 def texts(n: int) -> list[str]:
@@ -135,7 +128,7 @@ def main() -> None:
         with create_llm("mlx", str(smollm2_mlx())) as llm:
             llm.embed("warm up")
             rows.append(lane_row("mlx (real, in-process)", llm, inputs[:32], 8, None))
-    print_table("Embeddings: texts/s (median of 3) and stop → raise during an embed", rows)
+    print_table("Embeddings: texts/s (median of 3) and stop → raise during an embed", rows, digits=1)
 
 
 if __name__ == "__main__":

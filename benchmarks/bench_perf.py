@@ -40,21 +40,8 @@ from abstract_client import AbortController, GenerationCancelledError, create_ll
 from abstract_client.http import transport as transport_module
 from abstract_client.testing import SubprocessFake
 
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))] if ordered else float("nan")
-
-
-def print_table(title: str, rows: list[dict[str, Any]]) -> None:
-    print(f"\n{title}")
-    cols = list(rows[0])
-    cells = [[f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c]) for c in cols] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-    print("  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)))
-    for row in cells:
-        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
-
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _tables import pct, print_table, timed
 
 # -- waiting --------------------------------------------------------------------------------------
 
@@ -179,21 +166,11 @@ def overhead(n: int) -> list[dict[str, Any]]:
     with SubprocessFake("openai", token_delay=0.0, answer=answer) as server:
         llm = create_llm("openai-compatible", "fake-model", base_url=server.base_url, max_retries=0)
 
-        def timed(fn: Callable[[], object]) -> list[float]:
-            for _ in range(20):
-                fn()  # warm: connections, caches
-            out = []
-            for _ in range(n):
-                t0 = time.perf_counter()
-                fn()
-                out.append((time.perf_counter() - t0) * 1000)
-            return out
-
-        guarded = timed(lambda: llm.generate("x", signal=AbortController().signal))
+        guarded = timed(lambda: llm.generate("x", signal=AbortController().signal), n, warm=20)
         original = transport_module.HttpClients.get
         transport_module.HttpClients.get = lambda self, *, private: original(self, private=False)  # type: ignore[method-assign]
         try:
-            pooled = timed(lambda: llm.generate("x", signal=AbortController().signal))
+            pooled = timed(lambda: llm.generate("x", signal=AbortController().signal), n, warm=20)
         finally:
             transport_module.HttpClients.get = original  # type: ignore[method-assign]
         llm.close()

@@ -417,16 +417,27 @@ class FakeServer:
             parts.append(body["input"])
         return "\n".join(parts)
 
-    def embedding_inputs(self, conn: Conn, record: RequestRecord) -> list[str] | None:
-        """The ``input`` of an embeddings request as a list (None: a 400 was sent)."""
+    def embedding_request(
+        self, conn: Conn, record: RequestRecord, unknown_model: Callable[[str], Any]
+    ) -> tuple[str, list[str]] | None:
+        """The common start of an embeddings request: faults, the model, the ``input`` list.
+        Returns ``(model, inputs)``, or None when an answer (fault, 404, 400) was already sent."""
         body = record.body if isinstance(record.body, dict) else {}
+        fault = self._next_fault()
+        record.fault = fault
+        if self.early_fault(conn, fault):
+            return None
+        model = str(body.get("model"))
+        if model not in self.behavior.models:
+            conn.send_json(404, unknown_model(model))
+            return None
         inputs = body.get("input")
         if isinstance(inputs, str):
             inputs = [inputs]
         if not isinstance(inputs, list) or not all(isinstance(t, str) for t in inputs):
             conn.send_json(400, self.error_body(400, "input must be a string or a list of strings"))
             return None
-        return inputs
+        return model, inputs
 
     def embed_all(self, conn: Conn, inputs: list[str], dimensions: Any = None) -> list[list[float]]:
         """One vector per input, ``embed_delay`` apart; raises ClientGone if the client leaves.

@@ -148,18 +148,13 @@ class FakeOllamaServer(FakeOpenAIServer):
 
     def native_embed(self, conn: Conn, record: RequestRecord) -> None:
         """``POST /api/embed``: all inputs or nothing, as Ollama does (one wait for every input)."""
+        request = self.embedding_request(
+            conn, record, lambda model: {"error": f'model "{model}" not found, try pulling it first'}
+        )
+        if request is None:
+            return
+        model, inputs = request
         body = record.body if isinstance(record.body, dict) else {}
-        fault = self._next_fault()
-        record.fault = fault
-        if self.early_fault(conn, fault):
-            return
-        model = str(body.get("model"))
-        if model not in self.behavior.models:
-            conn.send_json(404, {"error": f'model "{model}" not found, try pulling it first'})
-            return
-        inputs = self.embedding_inputs(conn, record)
-        if inputs is None:
-            return
         t0 = time.perf_counter()
         vectors = self.embed_all(conn, inputs, body.get("dimensions"))
         conn.send_json(

@@ -57,18 +57,13 @@ class FakeOpenAIServer(FakeServer):
 
     def embeddings(self, conn: Conn, record: RequestRecord) -> None:
         """``POST /v1/embeddings``: OpenAI's shape (``data[i].embedding`` with ``index``)."""
+        request = self.embedding_request(
+            conn, record, lambda model: self.error_body(404, f"The model `{model}` does not exist.")
+        )
+        if request is None:
+            return
+        model, inputs = request
         body = record.body if isinstance(record.body, dict) else {}
-        fault = self._next_fault()
-        record.fault = fault
-        if self.early_fault(conn, fault):
-            return
-        model = str(body.get("model"))
-        if model not in self.behavior.models:
-            conn.send_json(404, self.error_body(404, f"The model `{model}` does not exist."))
-            return
-        inputs = self.embedding_inputs(conn, record)
-        if inputs is None:
-            return
         vectors = self.embed_all(conn, inputs, body.get("dimensions"))
         n = sum(len(t.split()) for t in inputs)
         conn.send_json(
