@@ -97,6 +97,12 @@ class Portal:
         loop = self.loop
         if threading.current_thread() is self._thread:
             raise RuntimeError("the sync API cannot be called from its own event loop thread")
+        if stop is not None and stopped_error is not None and stop.is_set and not stop.internal:
+            # Stopped while the caller was busy elsewhere (e.g. between two chunks of a stream):
+            # raise here, without a round trip through the loop; the loop closes up behind.
+            if on_abandon is not None:
+                self.submit(on_abandon)
+            raise stopped_error()
         future: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(fn(), loop)
         wake = threading.Event()
         future.add_done_callback(lambda _: wake.set())

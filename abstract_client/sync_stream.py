@@ -45,7 +45,7 @@ class SyncGenerationStream:
 
     def __next__(self) -> StreamChunk:
         inner = self._inner
-        if self._stopped:
+        if self._stopped or inner.state == "done":  # finished: a later cancel() changes nothing
             raise StopIteration
         call = inner.call
         try:

@@ -9,6 +9,7 @@ in its own process (in-process, its threads would compete with the client for th
 * waiting: process CPU over 5 s with 1,000 async calls in flight, each with its own
   ``threading.Event`` stop source, all waiting for the server's first byte; then stop → raise
   for one Event-driven call set from another thread (p50/p99 over ``-n`` stops).
+* cancel_id: ``cancel(request_id)`` of a call with no stop source of its own: raise, server EOF.
 * chunks: one SSE stream of 20,000 chunks: chunks/s for raw httpx (``aiter_lines`` +
   ``json.loads``), abstract-client ``astream`` and openai-python, side by side in one run.
 * overhead: a ~1 KB non-streaming answer, per request: the guarded private connection every
@@ -99,6 +100,37 @@ def waiting(n_calls: int, n_stops: int, seconds: float = 5.0) -> list[dict[str, 
     return rows
 
 
+def cancel_by_id(n: int) -> list[dict[str, Any]]:
+    """``generate(request_id=...)`` with no stop source of its own, stopped by ``cancel(id)``
+    from another thread while the server "processes the prompt": raise, and the server's EOF."""
+    raise_ms: list[float] = []
+    eof_ms: list[float] = []
+    with SubprocessFake("openai", prefill_delay=3600) as server:
+        llm = create_llm("openai-compatible", "fake-model", base_url=server.base_url, max_retries=0)
+        for i in range(n):
+            stopped: list[float] = []
+            rid = f"req-{i}"
+
+            def stop(rid: str = rid, out: list[float] = stopped, seen: int = i + 1) -> None:
+                while len(server.records()) < seen:  # the server holds the request
+                    time.sleep(0.001)
+                time.sleep(0.02)
+                out.append(time.perf_counter())
+                llm.cancel(rid)
+
+            threading.Thread(target=stop, daemon=True).start()
+            try:
+                llm.generate("x", max_tokens=1, request_id=rid)
+            except GenerationCancelledError:
+                raise_ms.append((time.perf_counter() - stopped[0]) * 1000)
+                eof_ms.append((server.wait_for_disconnect() - stopped[0]) * 1000)
+        llm.close()
+    return [
+        {"case": "cancel(id) → raise (sync, no stop source)", "p50_ms": pct(raise_ms, 50), "p99_ms": pct(raise_ms, 99)},
+        {"case": "cancel(id) → server EOF", "p50_ms": pct(eof_ms, 50), "p99_ms": pct(eof_ms, 99)},
+    ]
+
+
 # -- chunks ---------------------------------------------------------------------------------------
 
 
@@ -184,7 +216,7 @@ def overhead(n: int) -> list[dict[str, Any]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=["waiting", "chunks", "overhead"])
+    parser.add_argument("--only", choices=["waiting", "cancel_id", "chunks", "overhead"])
     parser.add_argument("-n", type=int, default=200, help="samples per latency/overhead case")
     parser.add_argument("--calls", type=int, default=1000, help="Event-driven calls in flight")
     parser.add_argument("--chunks", type=int, default=20_000)
@@ -196,6 +228,10 @@ def main() -> None:
         out["waiting"] = waiting(args.calls, args.n)
         if not args.json:
             print_table("Waiting: CPU with Event-driven calls in flight, and their stop latency", out["waiting"])
+    if args.only in (None, "cancel_id"):
+        out["cancel_id"] = cancel_by_id(args.n)
+        if not args.json:
+            print_table("cancel(request_id) on a call without a stop source of its own", out["cancel_id"])
     if args.only in (None, "chunks"):
         out["chunks"] = chunks(args.chunks, args.repeats)
         if not args.json:

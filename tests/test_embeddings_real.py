@@ -131,3 +131,43 @@ def test_mlx_vectors_count_tokens_and_stop() -> None:
         # the flag seen between inputs: nothing embedded after it (or the stop came between batches)
         assert stats.tokens_at_stop is None or stats.tokens == stats.tokens_at_stop
         assert len(done) <= stats.tokens < len(done) + 8  # at most the batch in flight went unreturned
+
+
+@pytest.mark.vllm
+def test_vllm_pooling_runner_vectors_and_stop(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """vLLM serves SmolLM2 as an embedding model with its pooling runner (``--runner pooling
+    --convert embed``, mean pooling) on the CPU."""
+    from abstract_client.testing.processes import VLLMServer, vllm_environment
+
+    env = vllm_environment()
+    if env is None:
+        pytest.fail("the vLLM venv or the SmolLM2 HF model is missing: run scripts/get_vllm.sh (.ci/run does)")
+    server = VLLMServer.launch(
+        env[0],
+        env[1],
+        log_path=tmp_path_factory.mktemp("vllm-embed") / "server.log",
+        max_model_len=512,
+        # pooling runs without chunked prefill: a whole input must fit one scheduler step
+        extra=["--max-num-batched-tokens", "512", "--runner", "pooling", "--convert", "embed"]
+        + ["--pooler-config", '{"pooling_type": "MEAN"}'],
+    )
+    try:
+        with create_llm("vllm", "smollm2", base_url=server.url, max_retries=0) as llm:
+            check_vectors(llm)
+            event = threading.Event()
+            threading.Timer(0.5, event.set).start()
+            with pytest.raises(GenerationCancelledError) as info:
+                llm.embed([f"Sentence number {i}." for i in range(2000)], batch_size=8, cancel_event=event)
+            done = info.value.partial_embeddings
+            assert done is not None and len(done) < 2000 and len(done) % 8 == 0
+            # vLLM's own evidence: nothing running (the batch in flight was aborted or done),
+            # and no request arrives after the stop
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline and server.running() > 0:
+                time.sleep(0.05)
+            assert server.running() == 0
+            seen = server.metrics().get("vllm:request_success_total", 0.0)
+            time.sleep(1.0)
+            assert server.metrics().get("vllm:request_success_total", 0.0) == seen
+    finally:
+        server.stop()

@@ -255,3 +255,23 @@ def _wait(predicate: object, timeout: float = 5.0) -> bool:
             return True
         time.sleep(0.005)
     return False
+
+
+def test_a_cancel_after_the_stream_finished_changes_nothing(llm: LLM) -> None:
+    stream = llm.stream("x", max_tokens=3)
+    assert "".join(c.delta for c in stream) == "tok0 tok1 tok2 "
+    stream.cancel()
+    assert list(stream) == []  # still finished, not stopped
+    assert stream.result().content == "tok0 tok1 tok2 "
+
+
+def test_a_stop_between_chunks_raises_at_the_next_one(server: FakeServer, llm: LLM) -> None:
+    """The consumer is busy with a chunk when the stop comes: the next ``next()`` raises at once
+    and the server sees the connection go."""
+    stream = llm.stream("x", max_tokens=10_000)
+    next(stream)
+    stream.cancel()
+    with pytest.raises(GenerationCancelledError):
+        next(stream)
+    server.wait_for_disconnect(server.last)
+    assert wait_until(lambda: llm.in_flight == [])

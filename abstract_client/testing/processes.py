@@ -180,6 +180,7 @@ class VLLMServer(ServerProcess):
         log_path: Path,
         served_name: str = "smollm2",
         max_model_len: int = 2048,
+        extra: list[str] | None = None,
         ready_timeout: float = 420,
     ) -> VLLMServer:
         port = free_port()
@@ -205,6 +206,7 @@ class VLLMServer(ServerProcess):
             "bfloat16",
             "--gpu-memory-utilization",
             "0.3",
+            *(extra or []),
         ]
         env = {
             **os.environ,
