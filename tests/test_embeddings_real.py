@@ -148,8 +148,10 @@ def test_vllm_pooling_runner_vectors_and_stop(tmp_path_factory: pytest.TempPathF
         log_path=tmp_path_factory.mktemp("vllm-embed") / "server.log",
         max_model_len=512,
         # pooling runs without chunked prefill: a whole input must fit one scheduler step
-        extra=["--max-num-batched-tokens", "512", "--runner", "pooling", "--convert", "embed"]
-        + ["--pooler-config", '{"pooling_type": "MEAN"}'],
+        extra=[
+            *("--max-num-batched-tokens", "512", "--runner", "pooling", "--convert", "embed"),
+            *("--pooler-config", '{"pooling_type": "MEAN"}'),
+        ],
     )
     try:
         with create_llm("vllm", "smollm2", base_url=server.url, max_retries=0) as llm:
