@@ -106,10 +106,9 @@ class Portal:
         future: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(fn(), loop)
         wake = threading.Event()
         future.add_done_callback(lambda _: wake.set())
-        waiting = stop is not None and stopped_error is not None
         waiter = SyncWaiter()
         remove = None
-        if stop is not None and waiting:
+        if stop is not None and stopped_error is not None:
             stop.waiter = waiter
             remove = stop.add_hook(wake.set, priority=PRIORITY_WAKE)
         try:

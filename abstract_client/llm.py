@@ -78,6 +78,15 @@ class LLM:
 
     # -- building a call --------------------------------------------------------------------
 
+    def _ensure_open(self) -> None:
+        if self._closed:
+            raise AbstractClientError("this LLM is closed", provider=self.provider.name)
+
+    def _new_call(self, spec: CallSpec, request_id: str | None) -> Call:
+        """A call of this LLM: its own stop token, registered in flight at admission, waiting for
+        an eject in progress."""
+        return Call(spec, StopToken(request_id or uuid.uuid4().hex), self._inflight, gate=self._ejecting)
+
     def _call(
         self,
         prompt: str | None,
@@ -95,8 +104,7 @@ class LLM:
         stream: bool,
         extra: dict[str, Any],
     ) -> Call:
-        if self._closed:
-            raise AbstractClientError("this LLM is closed", provider=self.provider.name)
+        self._ensure_open()
         if prompt is None and not messages:
             raise ValueError("pass a prompt or messages")
         msgs: list[Message] = []
@@ -130,7 +138,7 @@ class LLM:
         )
         # Every generation runs on a severable private connection: whether it is stopped by its
         # own source, cancel(id), cancel_all() or an eject, the server hears it the same way.
-        return Call(spec, StopToken(request_id or uuid.uuid4().hex), self._inflight, gate=self._ejecting)
+        return self._new_call(spec, request_id)
 
     # -- generation ---------------------------------------------------------------------------
 
@@ -283,8 +291,7 @@ class LLM:
         request_id: str | None,
         model: str | None,
     ) -> tuple[Call, list[str], int]:
-        if self._closed:
-            raise AbstractClientError("this LLM is closed", provider=self.provider.name)
+        self._ensure_open()
         inputs = [texts] if isinstance(texts, str) else list(texts)
         if not all(isinstance(t, str) for t in inputs):
             raise TypeError("embed() takes a string or a list of strings")
@@ -301,8 +308,7 @@ class LLM:
             cancel_event=cancel_event,
             signal=signal,
         )
-        call = Call(spec, StopToken(request_id or uuid.uuid4().hex), self._inflight, gate=self._ejecting)
-        return call, inputs, size
+        return self._new_call(spec, request_id), inputs, size
 
     def embed(
         self,
@@ -387,8 +393,7 @@ class LLM:
         signal: AbortSignal | None = None,
         request_id: str | None = None,
     ) -> T:
-        if self._closed:
-            raise AbstractClientError("this LLM is closed", provider=self.provider.name)
+        self._ensure_open()
         spec = operation_spec(self.provider, timeout, cancel_event=cancel_event, signal=signal)
         return await run_operation(spec, fn, registry=self._operations, request_id=request_id or uuid.uuid4().hex)
 

@@ -419,9 +419,10 @@ class FakeServer:
 
     def embedding_request(
         self, conn: Conn, record: RequestRecord, unknown_model: Callable[[str], Any]
-    ) -> tuple[str, list[str]] | None:
+    ) -> tuple[str, list[str], Any] | None:
         """The common start of an embeddings request: faults, the model, the ``input`` list.
-        Returns ``(model, inputs)``, or None when an answer (fault, 404, 400) was already sent."""
+        Returns ``(model, inputs, dimensions)``, or None when an answer (fault, 404, 400) was
+        already sent."""
         body = record.body if isinstance(record.body, dict) else {}
         fault = self._next_fault()
         record.fault = fault
@@ -437,7 +438,7 @@ class FakeServer:
         if not isinstance(inputs, list) or not all(isinstance(t, str) for t in inputs):
             conn.send_json(400, self.error_body(400, "input must be a string or a list of strings"))
             return None
-        return model, inputs
+        return model, inputs, body.get("dimensions")
 
     def embed_all(self, conn: Conn, inputs: list[str], dimensions: Any = None) -> list[list[float]]:
         """One vector per input, ``embed_delay`` apart; raises ClientGone if the client leaves.

@@ -153,10 +153,9 @@ class FakeOllamaServer(FakeOpenAIServer):
         )
         if request is None:
             return
-        model, inputs = request
-        body = record.body if isinstance(record.body, dict) else {}
+        model, inputs, dimensions = request
         t0 = time.perf_counter()
-        vectors = self.embed_all(conn, inputs, body.get("dimensions"))
+        vectors = self.embed_all(conn, inputs, dimensions)
         conn.send_json(
             200,
             {

@@ -62,9 +62,8 @@ class FakeOpenAIServer(FakeServer):
         )
         if request is None:
             return
-        model, inputs = request
-        body = record.body if isinstance(record.body, dict) else {}
-        vectors = self.embed_all(conn, inputs, body.get("dimensions"))
+        model, inputs, dimensions = request
+        vectors = self.embed_all(conn, inputs, dimensions)
         n = sum(len(t.split()) for t in inputs)
         conn.send_json(
             200,
