@@ -16,6 +16,7 @@ from .errors import (
     ModelBusyError,
     ModelNotFoundError,
     NotSupportedError,
+    OutputValidationError,
     ProviderAPIError,
     ProviderError,
     ProviderProtocolError,
@@ -23,18 +24,24 @@ from .errors import (
     ServerUnavailableError,
     TransportError,
 )
+from .history import continue_after
 from .llm import LLM
 from .provider import CallContext, Completion, EmbeddingBatch, ModelInfo, Provider, UnloadReport
 from .registry import available_providers, create_llm, register_provider
+from .structured import function_tool
 from .sync_stream import SyncGenerationStream
 from .types import (
+    ContentPart,
     EmbeddingResult,
     GenerateResult,
     GenerationRequest,
     Message,
+    ResponseFormat,
     StreamChunk,
     Timeout,
     Timings,
+    ToolCall,
+    ToolCallDelta,
     Usage,
 )
 
@@ -50,6 +57,7 @@ __all__ = [
     "AbstractClientError",
     "CallContext",
     "Completion",
+    "ContentPart",
     "ContextOverflowError",
     "EmbeddingBatch",
     "EmbeddingResult",
@@ -64,21 +72,27 @@ __all__ = [
     "ModelInfo",
     "ModelNotFoundError",
     "NotSupportedError",
+    "OutputValidationError",
     "Provider",
     "ProviderAPIError",
     "ProviderError",
     "ProviderProtocolError",
     "RateLimitError",
+    "ResponseFormat",
     "ServerUnavailableError",
     "StreamChunk",
     "SyncGenerationStream",
     "Timeout",
     "Timings",
+    "ToolCall",
+    "ToolCallDelta",
     "TransportError",
     "UnloadReport",
     "Usage",
     "__version__",
     "available_providers",
+    "continue_after",
     "create_llm",
+    "function_tool",
     "register_provider",
 ]

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
-    from .types import Usage
+    from .types import ToolCall, ToolCallDelta, Usage
 
 StopReason = Literal["user", "timeout", "model_eject", "shutdown"]
 TimeoutKind = Literal["connect", "first_token", "idle", "total"]
@@ -31,6 +31,7 @@ __all__ = [
     "ServerUnavailableError",
     "ProviderAPIError",
     "NotSupportedError",
+    "OutputValidationError",
     "ModelBusyError",
     "ProviderProtocolError",
     "TransportError",
@@ -54,6 +55,11 @@ class AbstractClientError(Exception):
         # Embedding calls: the vectors finished before the error, in input order; they cover
         # the first ``len(partial_embeddings)`` inputs. None for generations.
         self.partial_embeddings: list[list[float]] | None = context.pop("partial_embeddings", None)
+        # Generations: the reasoning text so far, the tool calls that were complete, and the raw
+        # piece of the one that was not (never handed out as a call).
+        self.partial_reasoning: str = context.pop("partial_reasoning", "")
+        self.tool_calls: list[ToolCall] = context.pop("tool_calls", None) or []
+        self.partial_tool_call: ToolCallDelta | None = context.pop("partial_tool_call", None)
         if context:
             raise TypeError(f"unexpected error context: {sorted(context)}")
 
@@ -173,6 +179,18 @@ class NotSupportedError(ProviderError):
 class ModelBusyError(AbstractClientError):
     """An eject could not finish: a decode was still running at the drain deadline, so nothing
     was freed."""
+
+
+class OutputValidationError(AbstractClientError):
+    """A complete answer that does not match what was asked: text that is not JSON of the
+    ``response_format`` schema, or tool-call arguments that are not JSON of the tool's
+    parameters. ``raw_text`` is what the model produced, ``errors`` what was wrong. Never retried
+    automatically, and never raised for a stopped answer (that is ``GenerationCancelledError``)."""
+
+    def __init__(self, message: str, *, raw_text: str = "", errors: list[str] | None = None, **context: Any) -> None:
+        super().__init__(message, **context)
+        self.raw_text = raw_text
+        self.errors: list[str] = errors or []
 
 
 class ProviderProtocolError(AbstractClientError):

@@ -34,10 +34,12 @@ from .errors import AbstractClientError, ModelBusyError, StopReason
 from .http.retry import RetryPolicy
 from .provider import ModelInfo, Provider, UnloadReport
 from .stop import InflightRegistry, StopToken
+from .structured import normalize_tool_choice, normalize_tools, response_format_from
 from .sync_stream import SyncGenerationStream
 from .types import EmbeddingResult, GenerateResult, GenerationRequest, Message, Timeout
 
 T = TypeVar("T")
+_REASONING = (None, False, True, "low", "medium", "high")
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +103,7 @@ class LLM:
         signal: object,
         timeout: Timeout | float | None,
         request_id: str | None,
+        features: tuple[Any, Any, Any, Any],
         stream: bool,
         extra: dict[str, Any],
     ) -> Call:
@@ -115,6 +118,10 @@ class LLM:
             msgs.append({"role": "user", "content": prompt})
         raw = bool(extra.pop("raw", False))
         plain_wire = bool(extra.pop("plain_wire", False))
+        tools, tool_choice, response_format, reasoning = features
+        normalized_tools = normalize_tools(tools)
+        if reasoning not in _REASONING:
+            raise ValueError(f"reasoning must be one of {_REASONING}, not {reasoning!r}")
         request = GenerationRequest(
             messages=msgs,
             model=extra.pop("model", None) or self.provider.model,
@@ -125,6 +132,10 @@ class LLM:
             temperature=temperature,
             seed=seed,
             stop=[stop] if isinstance(stop, str) else (list(stop) if stop else None),
+            tools=normalized_tools,
+            tool_choice=normalize_tool_choice(tool_choice, normalized_tools),
+            response_format=response_format_from(response_format),
+            reasoning=reasoning,
             extra=extra,
         )
         StopToken.check_sources(cancel_event, signal)  # a TypeError now, never ignored
@@ -156,6 +167,10 @@ class LLM:
         signal: Any = None,
         timeout: Timeout | float | None = None,
         request_id: str | None = None,
+        tools: list[Any] | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
+        response_format: Any = None,
+        reasoning: bool | str | None = None,
         **extra: Any,
     ) -> GenerateResult:
         call = self._call(
@@ -170,6 +185,7 @@ class LLM:
             signal=signal,
             timeout=timeout,
             request_id=request_id,
+            features=(tools, tool_choice, response_format, reasoning),
             stream=False,
             extra=extra,
         )
@@ -194,6 +210,10 @@ class LLM:
         signal: Any = None,
         timeout: Timeout | float | None = None,
         request_id: str | None = None,
+        tools: list[Any] | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
+        response_format: Any = None,
+        reasoning: bool | str | None = None,
         **extra: Any,
     ) -> GenerateResult:
         call = self._call(
@@ -208,6 +228,7 @@ class LLM:
             signal=signal,
             timeout=timeout,
             request_id=request_id,
+            features=(tools, tool_choice, response_format, reasoning),
             stream=False,
             extra=extra,
         )
@@ -227,6 +248,10 @@ class LLM:
         signal: Any = None,
         timeout: Timeout | float | None = None,
         request_id: str | None = None,
+        tools: list[Any] | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
+        response_format: Any = None,
+        reasoning: bool | str | None = None,
         **extra: Any,
     ) -> SyncGenerationStream:
         call = self._call(
@@ -241,6 +266,7 @@ class LLM:
             signal=signal,
             timeout=timeout,
             request_id=request_id,
+            features=(tools, tool_choice, response_format, reasoning),
             stream=True,
             extra=extra,
         )
@@ -260,6 +286,10 @@ class LLM:
         signal: Any = None,
         timeout: Timeout | float | None = None,
         request_id: str | None = None,
+        tools: list[Any] | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
+        response_format: Any = None,
+        reasoning: bool | str | None = None,
         **extra: Any,
     ) -> GenerationStream:
         call = self._call(
@@ -274,6 +304,7 @@ class LLM:
             signal=signal,
             timeout=timeout,
             request_id=request_id,
+            features=(tools, tool_choice, response_format, reasoning),
             stream=True,
             extra=extra,
         )

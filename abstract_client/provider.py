@@ -19,7 +19,7 @@ import httpx
 from .errors import NotSupportedError
 from .http.transport import HttpClients
 from .stop import StopToken
-from .types import GenerationRequest, StreamChunk, Timings, Usage
+from .types import GenerationRequest, StreamChunk, Timings, ToolCallDelta, Usage
 
 
 @dataclass(slots=True)
@@ -32,6 +32,10 @@ class Completion:
     timings: Timings | None = None
     model: str | None = None
     raw: Any = None
+    reasoning: str | None = None
+    # whole calls, each as one piece (index, id, name, the full arguments text): the contract
+    # checks them exactly as it checks streamed ones
+    tool_calls: list[ToolCallDelta] = field(default_factory=list)
 
     @classmethod
     def from_chunk(cls, chunk: StreamChunk, raw: Any = None) -> Completion:
@@ -43,6 +47,8 @@ class Completion:
             timings=chunk.timings,
             model=chunk.model,
             raw=raw,
+            reasoning=chunk.reasoning or None,
+            tool_calls=[chunk.tool_call] if chunk.tool_call is not None else [],
         )
 
 
@@ -63,7 +69,7 @@ class CallContext:
     private: bool
     clients: HttpClients | None = None
     connect_timeout: float | None = 10.0
-    on_chunk: Callable[[StreamChunk], None] | None = None
+    on_chunk: Callable[[StreamChunk], object] | None = None
 
     def report(self, chunk: StreamChunk) -> None:
         """For ``complete()`` of engines that produce text piecewise: record progress so that a
@@ -136,6 +142,12 @@ class Provider(abc.ABC):
     ) -> EmbeddingBatch:
         """Embed one batch (the contract does the batching, the stop between batches, retries)."""
         raise NotSupportedError(f"{self.name} has no embeddings route", provider=self.name)
+
+    async def native_tools(self, request: GenerationRequest) -> bool:
+        """True when the backend itself does tool calling for ``request.tool_choice`` (the server
+        parses the model's calls, or guides them). False: the contract carries a forced call as
+        schema-constrained output (``response_format``) and refuses ``"auto"``."""
+        return True
 
     async def count_tokens(self, request: GenerationRequest) -> int:
         """Tokens of ``request.prompt`` (as given) or of ``request.messages`` with the chat

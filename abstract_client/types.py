@@ -6,9 +6,60 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
 
 
+class ContentPart(TypedDict, total=False):
+    """``{"type": "text", "text": ...}`` or ``{"type": "image_url", "image_url": {"url": "data:..."}}``."""
+
+    type: Literal["text", "image_url"]
+    text: str
+    image_url: dict[str, str]
+
+
 class Message(TypedDict, total=False):
+    """A chat turn. ``role: "tool"`` answers the call ``tool_call_id``; an assistant turn may
+    carry ``tool_calls`` (OpenAI shape: ``{"id", "type": "function", "function": {"name",
+    "arguments": <JSON string>}}``)."""
+
     role: Literal["system", "user", "assistant", "tool"]
-    content: str
+    content: str | list[ContentPart] | None
+    tool_call_id: str
+    tool_calls: list[dict[str, Any]]
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A complete tool call: ``arguments`` is the parsed object, ``arguments_json`` the text the
+    model produced. Only complete calls are ever handed out (after a stop too)."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any]
+    arguments_json: str
+
+    def to_message(self) -> dict[str, Any]:
+        """The OpenAI wire form, as an assistant message's ``tool_calls`` entry."""
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments_json}}
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    """A piece of a streamed tool call: the ``index``-th call of the answer; ``id`` and ``name``
+    arrive once (usually on the first piece), ``arguments_fragment`` is raw JSON text to append."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments_fragment: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseFormat:
+    """What ``response_format=`` asked for, normalised: a JSON schema (``None``: any JSON
+    object), its name, and the pydantic model to validate with when one was given."""
+
+    schema: dict[str, Any] | None
+    name: str = "answer"
+    model: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +100,9 @@ class GenerateResult:
     request_id: str
     raw: Any = None
     completed_at: float | None = None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    parsed: Any = None  # the validated object (pydantic model) or dict, with response_format
+    reasoning: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +120,9 @@ class EmbeddingResult:
 
 @dataclass(frozen=True, slots=True)
 class StreamChunk:
-    """One piece of a streamed answer. ``usage``/``timings`` arrive on the last chunk when known."""
+    """One piece of a streamed answer. ``usage``/``timings`` arrive on the last chunk when known.
+    ``reasoning`` is reasoning text (never part of ``delta``); ``tool_call`` a piece of a tool
+    call; ``tool_calls`` the complete calls, on the chunk that carries the finish reason."""
 
     delta: str = ""
     finish_reason: str | None = None
@@ -74,6 +130,9 @@ class StreamChunk:
     timings: Timings | None = None
     model: str | None = None
     raw: Any = None
+    reasoning: str = ""
+    tool_call: ToolCallDelta | None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 @dataclass(slots=True)
@@ -89,6 +148,10 @@ class GenerationRequest:
     seed: int | None = None
     stop: list[str] | None = None
     plain_wire: bool = False  # non-streaming over the server's plain route, not the streaming wire
+    tools: list[dict[str, Any]] | None = None  # OpenAI function specs, normalised
+    tool_choice: str | dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
+    reasoning: bool | str | None = None  # None: the backend's default
     extra: dict[str, Any] = field(default_factory=dict)
 
 

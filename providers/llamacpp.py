@@ -48,12 +48,26 @@ class LlamaCppProvider(OpenAICompatibleProvider):
             root = root[: -len("/v1")]
         super().__init__(base_url=root, headers=headers, **kw)
         self._router: bool | None = None
+        self._tool_calls: bool | None = None
+
+    async def native_tools(self, request: GenerationRequest) -> bool:
+        """The model's chat template supports tool calls (``/props`` ``chat_template_caps``,
+        which needs ``--jinja``); the server silently ignores ``tools`` otherwise."""
+        if request.raw:
+            return False
+        if self._tool_calls is None:
+            props = await self.get_json("/props")
+            caps = props.get("chat_template_caps") if isinstance(props, dict) else None
+            self._tool_calls = bool(caps.get("supports_tool_calls")) if isinstance(caps, dict) else False
+        return self._tool_calls
 
     # -- raw completion (/completion) -------------------------------------------------------------
 
     def completion_body(self, request: GenerationRequest, *, stream: bool) -> dict[str, Any]:
         body: dict[str, Any] = {"prompt": request.prompt or "", "stream": stream, "cache_prompt": True}
         body.update(sampling_fields(request, max_tokens_key="n_predict"))
+        if request.response_format is not None:  # the native field: a grammar built from the schema
+            body["json_schema"] = request.response_format.schema or {"type": "object"}
         body.update(self.options)
         body.update(request.extra)
         return body

@@ -47,7 +47,16 @@ class LMStudioProvider(OpenAICompatibleProvider):
 
     @staticmethod
     def wants_native(request: GenerationRequest) -> bool:
-        return bool(request.extra.get("native")) or "reasoning" in request.extra
+        """The native route for ``native=True``, and for ``reasoning=`` on a plain chat (it has
+        no tools and no structured output: those stay on ``/v1``)."""
+        if request.extra.get("native") or "reasoning" in request.extra:
+            return True
+        return request.reasoning is not None and not request.tools and request.response_format is None
+
+    async def native_tools(self, request: GenerationRequest) -> bool:
+        """``/v1`` takes ``tool_choice`` none/auto/required; a named choice is carried as a
+        schema-constrained output of that call."""
+        return not isinstance(request.tool_choice, dict)
 
     def native_body(self, request: GenerationRequest, *, stream: bool) -> dict[str, Any]:
         extra = dict(request.extra)
@@ -67,6 +76,8 @@ class LMStudioProvider(OpenAICompatibleProvider):
             body["max_output_tokens"] = request.max_tokens
         if request.temperature is not None:
             body["temperature"] = request.temperature
+        if request.reasoning is not None:
+            body["reasoning"] = {True: "on", False: "off"}.get(request.reasoning, request.reasoning)  # type: ignore[call-overload]
         body.update(self.options)
         body.update(extra)
         return body
@@ -84,7 +95,7 @@ class LMStudioProvider(OpenAICompatibleProvider):
                 if event.event == "message.delta":
                     yield StreamChunk(delta=str(data.get("content", "")), raw=data)
                 elif event.event == "reasoning.delta":
-                    yield StreamChunk(delta="", raw=data)  # reasoning is kept in raw, not in the answer
+                    yield StreamChunk(reasoning=str(data.get("content", "")), raw=data)
                 elif event.event == "chat.end":
                     yield _final(data.get("result") if isinstance(data, dict) else None, delta="")
                     return
@@ -149,15 +160,14 @@ def _final(result: Any, delta: str | None) -> StreamChunk:
     if not isinstance(result, dict):
         raise ProviderProtocolError(f"unexpected LM Studio result: {str(result)[:200]}")
     stats = result.get("stats") or {}
-    text = "".join(
-        str(o.get("content", ""))
-        for o in result.get("output") or []
-        if isinstance(o, dict) and o.get("type") == "message"
-    )
+    outputs = [o for o in result.get("output") or [] if isinstance(o, dict)]
+    text = "".join(str(o.get("content", "")) for o in outputs if o.get("type") == "message")
+    reasoning = "".join(str(o.get("content", "")) for o in outputs if o.get("type") == "reasoning")
     n_in, n_out = stats.get("input_tokens"), stats.get("total_output_tokens")
     ttft = stats.get("time_to_first_token_seconds")
     return StreamChunk(
         delta=text if delta is None else delta,
+        reasoning=reasoning if delta is None else "",
         finish_reason="stop",
         usage=Usage(
             prompt_tokens=n_in if isinstance(n_in, int) else None,

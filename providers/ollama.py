@@ -17,7 +17,10 @@
 
 from __future__ import annotations
 
+import json
+import uuid
 from collections.abc import AsyncGenerator
+from dataclasses import replace
 from typing import Any
 
 import anyio
@@ -25,11 +28,52 @@ import anyio
 from abstract_client.errors import ProviderProtocolError, ServerUnavailableError
 from abstract_client.http.wire import expect_stream, json_body, ndjson_objects, poll_until_ready, raise_if_error
 from abstract_client.provider import CallContext, Completion, EmbeddingBatch, ModelInfo, UnloadReport
-from abstract_client.types import GenerationRequest, StreamChunk, Timings, Usage
+from abstract_client.types import GenerationRequest, StreamChunk, Timings, ToolCallDelta, Usage
 
-from .openai_compatible import OpenAICompatibleProvider, sampling_fields
+from .openai_compatible import OpenAICompatibleProvider, sampling_fields, tool_pieces, wire_messages
 
 _PASSTHROUGH = ("keep_alive", "format", "think", "tools", "truncate", "images", "suffix", "system", "template")
+
+
+def native_messages(messages: list[Any]) -> list[dict[str, Any]]:
+    """Messages in Ollama's native shape: content parts → text + ``images`` (base64 of the data
+    URLs), tool-call arguments as objects, and a tool answer named by the call it answers."""
+    names: dict[str, str] = {}
+    out = []
+    for message in wire_messages(messages):
+        m = dict(message)
+        content = m.get("content")
+        if isinstance(content, list):
+            m["content"] = "".join(p.get("text", "") for p in content if p.get("type") == "text")
+            images = [_base64_of(p) for p in content if p.get("type") == "image_url"]
+            if images:
+                m["images"] = images
+        if m.get("tool_calls"):
+            calls = []
+            for c in m["tool_calls"]:
+                fn = c.get("function", {})
+                args = fn.get("arguments")
+                names[str(c.get("id"))] = str(fn.get("name"))
+                calls.append(
+                    {
+                        "function": {
+                            "name": fn.get("name"),
+                            "arguments": json.loads(args) if isinstance(args, str) and args else args or {},
+                        }
+                    }
+                )
+            m["tool_calls"] = calls
+        if m.get("role") == "tool" and "tool_name" not in m and m.get("tool_call_id") in names:
+            m["tool_name"] = names[m["tool_call_id"]]
+        out.append(m)
+    return out
+
+
+def _base64_of(part: dict[str, Any]) -> str:
+    url = str((part.get("image_url") or {}).get("url", ""))
+    if not url.startswith("data:") or "," not in url:
+        raise ValueError("Ollama takes images as data URLs (data:image/...;base64,...)")
+    return url.split(",", 1)[1]
 
 
 class OllamaProvider(OpenAICompatibleProvider):
@@ -64,7 +108,13 @@ class OllamaProvider(OpenAICompatibleProvider):
             body.update(prompt=request.prompt or "", raw=True)
         else:
             path = "/api/chat"
-            body["messages"] = request.messages
+            body["messages"] = native_messages(request.messages)
+            if request.tools and request.tool_choice != "none":
+                body["tools"] = request.tools
+        if request.response_format is not None:
+            body["format"] = request.response_format.schema or "json"
+        if request.reasoning is not None:
+            body["think"] = request.reasoning
         if options:
             body["options"] = options
         for key in _PASSTHROUGH:
@@ -74,6 +124,13 @@ class OllamaProvider(OpenAICompatibleProvider):
         body.update(extra)
         return path, body
 
+    async def native_tools(self, request: GenerationRequest) -> bool:
+        """Ollama parses calls itself but cannot force one (no ``tool_choice``): a forced call is
+        carried as ``format`` (schema-constrained output)."""
+        if request.raw:
+            return False
+        return request.tool_choice in (None, "auto", "none")
+
     def stream(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
         if self.use_openai_api and not request.raw:
             return self._stream(request, ctx)
@@ -81,11 +138,16 @@ class OllamaProvider(OpenAICompatibleProvider):
 
     async def _stream_native(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
         path, body = self.native_body(request, stream=True)
+        n_calls = 0  # Ollama sends whole calls, each list indexed from 0: number them across lines
         async with ctx.stream("POST", path, json=body) as resp:
             await expect_stream(resp)
             async for obj in ndjson_objects(resp):
                 raise_if_error(obj)
                 chunk = _chunk(obj)
+                pieces = _tool_calls(obj, n_calls)
+                n_calls += len(pieces)
+                for piece in pieces:
+                    yield StreamChunk(tool_call=piece, raw=obj)
                 yield chunk
                 if obj.get("done") is True:
                     return
@@ -97,8 +159,9 @@ class OllamaProvider(OpenAICompatibleProvider):
         path, body = self.native_body(request, stream=False)
         obj = json_body(await ctx.request("POST", path, json=body))
         raise_if_error(obj)
-        chunk = _chunk(obj)
-        return Completion.from_chunk(chunk, raw=obj)
+        completion = Completion.from_chunk(_chunk(obj), raw=obj)
+        completion.tool_calls = _tool_calls(obj, 0)
+        return completion
 
     async def embed(
         self, texts: list[str], ctx: CallContext, *, model: str | None, dimensions: int | None = None
@@ -171,13 +234,22 @@ class OllamaProvider(OpenAICompatibleProvider):
         await poll_until_ready(self.clients.get(private=False), "/", timeout, provider=self.name)
 
 
+def _tool_calls(obj: dict[str, Any], first_index: int) -> list[ToolCallDelta]:
+    message = obj.get("message")
+    if not isinstance(message, dict) or not message.get("tool_calls"):
+        return []
+    pieces = tool_pieces(message["tool_calls"])
+    return [replace(p, index=first_index + n, id=p.id or f"call_{uuid.uuid4().hex[:24]}") for n, p in enumerate(pieces)]
+
+
 def _chunk(obj: Any) -> StreamChunk:
     if not isinstance(obj, dict):
         raise ProviderProtocolError(f"unexpected Ollama object: {str(obj)[:200]}")
     message = obj.get("message")
     content = message.get("content", "") if isinstance(message, dict) else obj.get("response", "")
-    if not isinstance(content, str):
-        raise ProviderProtocolError(f"malformed Ollama content: {str(content)[:200]}")
+    thinking = (message if isinstance(message, dict) else obj).get("thinking") or ""
+    if not isinstance(content, str) or not isinstance(thinking, str):
+        raise ProviderProtocolError(f"malformed Ollama content: {str(obj)[:200]}")
     done = obj.get("done") is True
     usage = timings = None
     if done:
@@ -201,6 +273,7 @@ def _chunk(obj: Any) -> StreamChunk:
     reason = obj.get("done_reason")
     return StreamChunk(
         delta=content,
+        reasoning=thinking,
         finish_reason=(reason if isinstance(reason, str) else "stop") if done else None,
         usage=usage,
         timings=timings,

@@ -5,14 +5,25 @@ llama-server, vLLM and LM Studio reuse this wire mapping (subclasses add their f
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import replace
 from typing import Any
 
 from abstract_client.errors import ProviderProtocolError
 from abstract_client.http.transport import HttpClients
 from abstract_client.http.wire import expect_stream, json_body, load_frame, poll_until_ready, sse_events
 from abstract_client.provider import CallContext, Completion, EmbeddingBatch, ModelInfo, Provider
-from abstract_client.types import GenerationRequest, StreamChunk, Timings, Usage
+from abstract_client.types import (
+    GenerationRequest,
+    Message,
+    ResponseFormat,
+    StreamChunk,
+    Timings,
+    ToolCall,
+    ToolCallDelta,
+    Usage,
+)
 
 
 def usage_from(obj: Any) -> Usage | None:
@@ -71,28 +82,85 @@ def _first_choice(obj: dict[str, Any]) -> dict[str, Any] | None:
     return choices[0]
 
 
-def chunk_from(obj: Any) -> StreamChunk:
-    """Map one ``chat.completion.chunk``."""
+def _text_field(obj: dict[str, Any], key: str) -> str:
+    value = obj.get(key)
+    if value is not None and not isinstance(value, str):
+        raise ProviderProtocolError(f"malformed {key}: {str(value)[:200]}")
+    return value or ""
+
+
+_PLAIN_DELTA = frozenset(("content", "role"))
+
+
+def reasoning_of(obj: dict[str, Any]) -> str:
+    """Reasoning text of a delta or message, under any of the names servers use for it."""
+    return _text_field(obj, "reasoning_content") or _text_field(obj, "reasoning")
+
+
+def tool_pieces(items: Any) -> list[ToolCallDelta]:
+    """``tool_calls`` of a delta or message as pieces (a message's are whole calls)."""
+    if items is None:
+        return []
+    if not isinstance(items, list):
+        raise ProviderProtocolError(f"malformed tool_calls: {str(items)[:200]}")
+    pieces = []
+    for position, item in enumerate(items):
+        fn = item.get("function") if isinstance(item, dict) else None
+        if not isinstance(fn, dict):
+            raise ProviderProtocolError(f"malformed tool call: {str(item)[:200]}")
+        index = item.get("index", position)
+        arguments = fn.get("arguments")
+        if isinstance(arguments, dict):  # some servers send an object, not its JSON text
+            arguments = json.dumps(arguments)
+        name, call_id = fn.get("name"), item.get("id")
+        pieces.append(
+            ToolCallDelta(
+                index=index if isinstance(index, int) else position,
+                id=call_id if isinstance(call_id, str) and call_id else None,
+                name=name if isinstance(name, str) and name else None,
+                arguments_fragment=arguments if isinstance(arguments, str) else "",
+            )
+        )
+    return pieces
+
+
+def chat_chunks(obj: Any) -> list[StreamChunk]:
+    """Map one ``chat.completion.chunk``: one chunk, or one per tool-call piece it carries."""
     obj = _expect_dict(obj, "stream chunk")
     choice = _first_choice(obj)
-    delta_text, finish = "", None
+    delta_text = reasoning = ""
+    finish = None
+    pieces: list[ToolCallDelta] = []
     if choice is not None:
         delta = choice.get("delta") or {}
         if not isinstance(delta, dict):
             raise ProviderProtocolError(f"malformed delta: {str(delta)[:200]}")
-        content = delta.get("content")
-        if content is not None and not isinstance(content, str):
-            raise ProviderProtocolError(f"malformed delta content: {str(content)[:200]}")
-        delta_text = content or ""
+        delta_text = _text_field(delta, "content")
+        if delta.keys() - _PLAIN_DELTA:  # the hot path is {"content": ...} (+ "role")
+            reasoning = reasoning_of(delta)
+            pieces = tool_pieces(delta.get("tool_calls"))
         finish = choice.get("finish_reason")
-    return StreamChunk(
+    chunk = StreamChunk(
         delta=delta_text,
+        reasoning=reasoning,
+        tool_call=pieces[0] if pieces else None,
         finish_reason=finish if isinstance(finish, str) else None,
         usage=usage_from(obj.get("usage")),
         timings=timings_from(obj.get("timings")),
         model=obj.get("model") if isinstance(obj.get("model"), str) else None,
         raw=obj,
     )
+    if len(pieces) <= 1:
+        return [chunk]
+    extra = [StreamChunk(tool_call=piece, raw=obj) for piece in pieces[1:-1]]
+    last = replace(chunk, delta="", reasoning="", tool_call=pieces[-1])
+    first = replace(chunk, finish_reason=None, usage=None, timings=None)
+    return [first, *extra, last]
+
+
+def chunk_from(obj: Any) -> StreamChunk:
+    """Map one ``chat.completion.chunk`` that carries at most one tool-call piece."""
+    return chat_chunks(obj)[0]
 
 
 def completion_from(obj: Any) -> Completion:
@@ -101,16 +169,17 @@ def completion_from(obj: Any) -> Completion:
     if choice is None:
         raise ProviderProtocolError("completion without choices")
     message = choice.get("message") or {}
-    content = message.get("content") if isinstance(message, dict) else None
-    if content is not None and not isinstance(content, str):
-        raise ProviderProtocolError(f"malformed message content: {str(content)[:200]}")
+    if not isinstance(message, dict):
+        raise ProviderProtocolError(f"malformed message: {str(message)[:200]}")
     return Completion(
-        content=content or "",
+        content=_text_field(message, "content"),
         finish_reason=choice.get("finish_reason"),
         usage=usage_from(obj.get("usage")),
         timings=timings_from(obj.get("timings")),
         model=obj.get("model") if isinstance(obj.get("model"), str) else None,
         raw=obj,
+        reasoning=reasoning_of(message) or None,
+        tool_calls=tool_pieces(message.get("tool_calls")),
     )
 
 
@@ -141,16 +210,34 @@ async def openai_sse_chunks(
     """Chunks of an OpenAI-style SSE stream (chat chunks, or another ``mapping`` such as
     ``/v1/completions`` text chunks), ending at ``[DONE]``. A stream that ends without ``[DONE]``
     is accepted only if a finish_reason was seen; else it was cut short."""
-    to_chunk = mapping or chunk_from
     finished = False
     async for event in sse_events(resp):
         if event.data.strip() == "[DONE]":
             return
-        chunk = to_chunk(load_frame(event.data))
-        finished = finished or chunk.finish_reason is not None
-        yield chunk
+        frame = load_frame(event.data)
+        for chunk in chat_chunks(frame) if mapping is None else [mapping(frame)]:
+            finished = finished or chunk.finish_reason is not None
+            yield chunk
     if not finished:
         raise ProviderProtocolError("the stream ended before its final frame ([DONE] or a finish_reason)")
+
+
+def response_format_field(fmt: ResponseFormat) -> dict[str, Any]:
+    if fmt.schema is None:
+        return {"type": "json_object"}
+    return {"type": "json_schema", "json_schema": {"name": fmt.name, "schema": fmt.schema, "strict": True}}
+
+
+def wire_messages(messages: list[Message]) -> list[Any]:
+    """Messages as the /v1 wire takes them: ``ToolCall`` objects in an assistant turn become
+    their wire form (everything else is already in it)."""
+    out: list[Any] = []
+    for message in messages:
+        calls = message.get("tool_calls")
+        if calls and any(isinstance(c, ToolCall) for c in calls):
+            message = {**message, "tool_calls": [c.to_message() if isinstance(c, ToolCall) else c for c in calls]}
+        out.append(message)
+    return out
 
 
 class OpenAICompatibleProvider(Provider):
@@ -186,13 +273,39 @@ class OpenAICompatibleProvider(Provider):
             self.complete_over_stream = complete_over_stream
 
     def chat_body(self, request: GenerationRequest, *, stream: bool) -> dict[str, Any]:
-        body: dict[str, Any] = {"model": request.model or "default", "messages": request.messages, "stream": stream}
+        body: dict[str, Any] = {
+            "model": request.model or "default",
+            "messages": wire_messages(request.messages),
+            "stream": stream,
+        }
         if stream:
             body["stream_options"] = {"include_usage": True}
         body.update(sampling_fields(request))
+        body.update(self.feature_fields(request))
         body.update(self.options)
         body.update(request.extra)
         return body
+
+    def feature_fields(self, request: GenerationRequest) -> dict[str, Any]:
+        """``tools``/``tool_choice``, ``response_format`` and the reasoning switch."""
+        fields: dict[str, Any] = {}
+        if request.tools:
+            fields["tools"] = request.tools
+            if request.tool_choice is not None:
+                fields["tool_choice"] = request.tool_choice
+        if request.response_format is not None:
+            fields["response_format"] = response_format_field(request.response_format)
+        if request.reasoning is not None:
+            fields.update(self.reasoning_fields(request.reasoning))
+        return fields
+
+    def reasoning_fields(self, reasoning: bool | str) -> dict[str, Any]:
+        """The chat template's ``enable_thinking`` switch (Qwen3-style templates on llama-server
+        and vLLM), and ``reasoning_effort`` for a level."""
+        fields: dict[str, Any] = {"chat_template_kwargs": {"enable_thinking": reasoning is not False}}
+        if isinstance(reasoning, str):
+            fields["reasoning_effort"] = reasoning
+        return fields
 
     def stream(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
         return self._stream(request, ctx)

@@ -69,9 +69,17 @@ class VLLMProvider(OpenAICompatibleProvider):
         if stream:
             body["stream_options"] = {"include_usage": True}
         body.update(sampling_fields(request))
+        if request.response_format is not None:
+            body["structured_outputs"] = {"json": request.response_format.schema or {"type": "object"}}
         body.update(self.options)
         body.update(self._extra(request))
         return body
+
+    async def native_tools(self, request: GenerationRequest) -> bool:
+        """Chat: vLLM parses calls itself, and guides ``"required"`` and named choices for any
+        model (``"auto"`` needs ``--enable-auto-tool-choice``: a typed ``NotSupportedError``).
+        A raw completion has no template, so a forced call is carried as structured output."""
+        return not request.raw
 
     def stream(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
         return self._stream_completions(request, ctx) if request.raw else self._stream(request, ctx)

@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from ..http.retry import RetryPolicy
 from ..provider import CallContext, Provider
 from ..stop import InflightRegistry, StopToken
-from ..types import GenerationRequest, StreamChunk, Timeout, Timings, Usage
+from ..tool_calls import ToolCallAssembler
+from ..types import GenerationRequest, StreamChunk, Timeout, Timings, ToolCall, ToolCallDelta, Usage
 
 if TYPE_CHECKING:
     from ..abort import AbortSignal
     from ..http.guard import SocketGuard
+    from .output import ToolFallback
 
 
 @dataclass(eq=False, slots=True)
@@ -48,26 +50,65 @@ class Progress:
     last_chunk_at: float | None = None  # perf_counter
     completed_at: float | None = None  # perf_counter when the answer was judged complete (rule 7)
     vectors: list[list[float]] | None = None  # embedding calls: the vectors finished so far
+    reasoning_parts: list[str] = field(default_factory=list)
+    tools: ToolCallAssembler = field(default_factory=ToolCallAssembler)
+    fallback: ToolFallback | None = None  # a forced tool call carried as constrained output
+    tool_calls: list[ToolCall] = field(default_factory=list)  # set once the answer is judged complete
+    parsed: Any = None  # likewise: the validated structured output
+    assembled: bool = False  # the answer was recorded chunk by chunk (streaming wire)
 
     @property
     def text(self) -> str:
         return "".join(self.parts)
 
+    @property
+    def reasoning(self) -> str:
+        return "".join(self.reasoning_parts)
+
+    def complete_tool_calls(self) -> list[ToolCall]:
+        """The calls complete so far (after a stop: never the one still being written)."""
+        return self.tools.complete(finished=False)
+
+    def partial_tool_call(self) -> ToolCallDelta | None:
+        if self.fallback is not None and self.fallback.wrapped:
+            return self.fallback.partial()
+        return self.tools.incomplete()
+
     def restart(self) -> None:
         """A retried attempt starts from nothing (a retry never mixes two answers)."""
         self.parts.clear()
+        self.reasoning_parts.clear()
+        self.tools.clear()
+        if self.fallback is not None:
+            self.fallback.reset()
         self.chunks = 0
         self.usage = self.server_timings = self.model = self.finish_reason = None
         self.first_chunk_at = None
 
-    def record(self, chunk: StreamChunk) -> None:
-        if chunk.delta:
-            self.parts.append(chunk.delta)
+    def record(self, chunk: StreamChunk) -> StreamChunk:
+        """Take one chunk into the answer; returns the chunk as the caller sees it (a forced
+        tool call's constrained text becomes tool-call pieces; the finishing chunk carries the
+        complete calls)."""
+        if self.fallback is not None:
+            chunk = self.fallback.map(chunk, self.tools)
+        if chunk.delta or chunk.reasoning or chunk.tool_call is not None:
+            if chunk.delta:
+                self.parts.append(chunk.delta)
+            if chunk.reasoning:
+                self.reasoning_parts.append(chunk.reasoning)
+            if chunk.tool_call is not None:
+                self.tools.feed(chunk.tool_call)
             self.chunks += 1
             if self.first_chunk_at is None:
                 self.first_chunk_at = time.perf_counter()
         self.last_chunk_at = time.perf_counter()
         if chunk.finish_reason is not None:
+            if self.tools and not self.tools.unparsed():
+                calls = self.tools.complete(finished=True)
+                if chunk.finish_reason == "stop":
+                    chunk = replace(chunk, finish_reason="tool_calls")
+                if chunk.tool_calls is None:
+                    chunk = replace(chunk, tool_calls=calls)
             self.finish_reason = chunk.finish_reason
         if chunk.usage is not None:
             self.usage = chunk.usage
@@ -75,12 +116,26 @@ class Progress:
             self.server_timings = chunk.timings
         if chunk.model:
             self.model = chunk.model
+        return chunk
 
 
 class Call:
     """One generation: spec + stop token + progress, plus the admission state."""
 
-    __slots__ = ("admitted", "ctx", "gate", "guard", "progress", "registry", "released", "spec", "t0", "token")
+    __slots__ = (
+        "admitted",
+        "ctx",
+        "gate",
+        "guard",
+        "prepared",
+        "progress",
+        "registry",
+        "released",
+        "request",
+        "spec",
+        "t0",
+        "token",
+    )
 
     def __init__(
         self,
@@ -98,6 +153,10 @@ class Call:
         self.t0 = 0.0  # perf_counter at admission
         self.admitted = False
         self.released = False
+        # What the provider is sent: the spec's request, or its rewrite by ``output.prepare``
+        # (a forced tool call on a backend without native tool calling).
+        self.request: GenerationRequest = spec.request
+        self.prepared = False
         self.ctx = CallContext(
             token=token,
             request_id=token.request_id,
@@ -113,10 +172,6 @@ class Call:
     @property
     def provider(self) -> Provider:
         return self.spec.provider
-
-    @property
-    def request(self) -> GenerationRequest:
-        return self.spec.request
 
     @property
     def request_id(self) -> str:

@@ -22,6 +22,7 @@ from ..stop import InflightRegistry, StopToken
 from ..types import GenerateResult, GenerationRequest, StreamChunk, Timeout, Timings
 from .admission import admit, release
 from .call import Call, CallSpec
+from .output import finish_output, prepare
 from .scope import step
 from .translate import cancelled, classify, judge_complete
 
@@ -53,27 +54,47 @@ async def run_generation(call: Call) -> GenerateResult:
     await admit(call)
     clean = False
     try:
-        completion: Completion = await step(call, lambda: with_retries(call, lambda: complete(call)), "first")
-        p = call.progress
-        p.parts = [completion.content]
-        p.usage, p.model = completion.usage, completion.model or call.request.model
-        p.finish_reason, p.server_timings = completion.finish_reason, completion.timings
+        completion: Completion = await step(call, lambda: first_answer(call), "first")
         if not judge_complete(call):
             raise cancelled(call)  # rule 7
         clean = True
+        finish_output(call)  # only a complete answer is parsed and validated
         return result_of(call, raw=completion.raw)
     finally:
         release(call, clean=clean)
+
+
+async def first_answer(call: Call) -> Completion:
+    await prepare(call)
+    completion = await with_retries(call, lambda: complete(call))
+    progress = call.progress
+    if not progress.assembled:  # a plain route's whole answer, recorded as one final chunk
+        progress.restart()
+        for piece in completion.tool_calls:
+            progress.tools.feed(piece)
+        progress.record(
+            StreamChunk(
+                delta=completion.content,
+                reasoning=completion.reasoning or "",
+                finish_reason=completion.finish_reason,
+                usage=completion.usage,
+                timings=completion.timings,
+                model=completion.model or call.request.model,
+            )
+        )
+    return completion
 
 
 async def complete(call: Call) -> Completion:
     """One non-streaming attempt: the provider's plain route, or its streaming wire assembled
     here, into the same ``Completion`` (content, usage, timings, finish_reason, model)."""
     provider, request = call.provider, call.request
-    if not provider.complete_over_stream or request.plain_wire:
-        return await provider.complete(request, call.ctx)
     progress = call.progress
+    if not provider.complete_over_stream or request.plain_wire:
+        progress.assembled = False
+        return await provider.complete(request, call.ctx)
     progress.restart()
+    progress.assembled = True
     last: StreamChunk | None = None
     source = provider.stream(request, call.ctx)
     async with aclosing(source):
@@ -114,6 +135,9 @@ def result_of(call: Call, raw: Any = None) -> GenerateResult:
         request_id=call.request_id,
         raw=raw,
         completed_at=p.completed_at,
+        tool_calls=list(p.tool_calls),
+        parsed=p.parsed,
+        reasoning=p.reasoning or None,
     )
 
 

@@ -19,6 +19,7 @@ import anyio
 from ..types import GenerateResult, StreamChunk
 from .admission import admit, release
 from .call import Call
+from .output import finish_output, prepare
 from .run import result_of, with_retries
 from .scope import needs_scope, step
 from .translate import cancelled, judge_complete, raise_translated, stopped_by_user
@@ -31,6 +32,8 @@ async def open_source(call: Call) -> tuple[Source, StreamChunk | None]:
     """The provider's stream and its first chunk (None: it ended at once). A module-level
     function on purpose: nothing here may tie the stream object into a reference cycle, or a
     ``break`` would wait for a GC pass to sever the socket."""
+
+    await prepare(call)
 
     async def attempt() -> tuple[Source, StreamChunk | None]:
         source = call.provider.stream(call.request, call.ctx)
@@ -127,6 +130,7 @@ class GenerationStream:
         """The provider's stream ended: complete, unless a stop was requested first (rule 7)."""
         if judge_complete(self._call):
             await self._finish(clean=True)
+            finish_output(self._call)  # only a complete answer is parsed and validated
             return
         await self._finish()
         raise cancelled(self._call) from None
@@ -149,7 +153,7 @@ class GenerationStream:
 
     async def _deliver(self, chunk: StreamChunk) -> StreamChunk:
         call = self._call
-        call.progress.record(chunk)
+        chunk = call.progress.record(chunk)
         if stopped_by_user(call):
             await self._finish()
             raise cancelled(call)  # rule 7: a stop wins over a chunk that raced it

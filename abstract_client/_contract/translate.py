@@ -63,6 +63,10 @@ def attach(call: Call, err: AbstractClientError) -> AbstractClientError:
     err.provider = err.provider or call.provider.name
     err.model = err.model or progress.model or call.request.model
     err.request_id = err.request_id or call.request_id
+    err.partial_reasoning = err.partial_reasoning or progress.reasoning
+    if progress.tools or progress.fallback is not None:
+        err.tool_calls = err.tool_calls or progress.complete_tool_calls()
+        err.partial_tool_call = err.partial_tool_call or progress.partial_tool_call()
     if progress.vectors is not None and err.partial_embeddings is None:
         err.partial_embeddings = list(progress.vectors)
     return err

@@ -19,6 +19,7 @@ from ..errors import (
     GenerationTimeoutError,
     InvalidRequestError,
     ModelNotFoundError,
+    NotSupportedError,
     ProviderAPIError,
     ProviderError,
     ProviderProtocolError,
@@ -67,6 +68,9 @@ def decode_json_body(content: bytes) -> Any:
         return None
 
 
+_AUTO_TOOLS = re.compile(r"auto.{0,3} tool choice requires|enable-auto-tool-choice", re.IGNORECASE)
+
+
 def error_from_response(
     status: int,
     body: Any,
@@ -101,6 +105,8 @@ def error_from_response(
         return RateLimitError(message, retry_after=retry_after, **common)
     if status == 503 or lowered_type == "unavailable_error":
         return ServerUnavailableError(message, retry_after=retry_after, **common)
+    if status in (400, 422) and _AUTO_TOOLS.search(message):
+        return NotSupportedError(message, **common)  # vLLM started without --enable-auto-tool-choice
     if status in (400, 422):
         return InvalidRequestError(message, **common)
     return ProviderAPIError(message, **common)

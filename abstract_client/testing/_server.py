@@ -75,6 +75,52 @@ class Behavior:
     embed_delay: float = 0.0  # seconds of "compute" per embedding input (a disconnect interrupts)
     embed_dim: int = 8  # length of the (deterministic, unit-length) fake embedding vectors
     models: dict[str, bool] = field(default_factory=lambda: {"fake-model": True})
+    # An answer scripted as wire pieces, one per token: {"content": s}, {"reasoning": s}, or
+    # {"tool": index, "id": ..., "name": ..., "arguments": fragment} (id/name on the first piece)
+    script: list[dict[str, Any]] | None = None
+    reasoning_field: str = "reasoning_content"  # llama-server's name; vLLM says "reasoning"
+    template_tools: bool = True  # /props: the chat template does tool calls (SmolLM2's does not)
+
+
+def script_finish(script: list[dict[str, Any]]) -> str:
+    return "tool_calls" if any("tool" in p for p in script) else "stop"
+
+
+def script_delta(piece: dict[str, Any], reasoning_field: str) -> dict[str, Any]:
+    """One scripted piece as an OpenAI ``delta``."""
+    if "tool" in piece:
+        call: dict[str, Any] = {"index": piece["tool"], "function": {"arguments": piece.get("arguments", "")}}
+        if piece.get("id"):
+            call.update(id=piece["id"], type="function")
+            call["function"]["name"] = piece.get("name")
+        return {"tool_calls": [call]}
+    if "reasoning" in piece:
+        return {reasoning_field: piece["reasoning"]}
+    return {"content": piece.get("content", "")}
+
+
+def script_calls(pieces: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The whole calls of scripted pieces (OpenAI message shape, arguments as JSON text)."""
+    calls: dict[int, dict[str, Any]] = {}
+    for p in pieces:
+        if "tool" in p:
+            c = calls.setdefault(
+                p["tool"], {"id": p.get("id"), "type": "function", "function": {"name": p.get("name"), "arguments": ""}}
+            )
+            c["function"]["arguments"] += p.get("arguments", "")
+    return [calls[i] for i in sorted(calls)]
+
+
+def script_message(pieces: list[dict[str, Any]], reasoning_field: str) -> dict[str, Any]:
+    """Scripted pieces as one OpenAI assistant ``message``."""
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(p.get("content", "") for p in pieces)}
+    reasoning = "".join(p.get("reasoning", "") for p in pieces)
+    if reasoning:
+        message[reasoning_field] = reasoning
+    calls = script_calls(pieces)
+    if calls:
+        message["tool_calls"] = calls
+    return message
 
 
 class Conn:

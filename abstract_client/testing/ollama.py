@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Any
 
-from ._server import Conn, Handler, RequestRecord
+from ._server import Conn, Handler, RequestRecord, script_calls
 from .openai import FakeOpenAIServer
 
 VERSION = "0.33.0"
@@ -201,9 +201,15 @@ class FakeOllamaServer(FakeOpenAIServer):
         t_start = time.perf_counter()
         n_prompt = len(self.prompt_text(record).split())
 
-        def piece(tok: str, done: bool = False) -> dict[str, Any]:
+        script = self.behavior.script if chat else None
+        if script is not None:
+            tokens, finish = list(script), "stop"  # type: ignore[arg-type]  # Ollama says stop after calls
+
+        def piece(tok: Any, done: bool = False) -> dict[str, Any]:
             out: dict[str, Any] = {"model": model, "created_at": _now(), "done": done}
-            if chat:
+            if isinstance(tok, dict):
+                out["message"] = _native_message([tok], script or [], whole=tok)
+            elif chat:
                 out["message"] = {"role": "assistant", "content": tok}
             else:
                 out["response"] = tok
@@ -240,7 +246,9 @@ class FakeOllamaServer(FakeOpenAIServer):
                 conn.send(b"{not json")
                 return
             out = final(t_prefill)
-            if chat:
+            if script is not None:
+                out["message"] = _native_message(script, script, whole=None)
+            elif chat:
                 out["message"]["content"] = "".join(tokens)
             else:
                 out["response"] = "".join(tokens)
@@ -264,6 +272,29 @@ class FakeOllamaServer(FakeOpenAIServer):
             return
         conn.chunk(json.dumps(final(t_prefill)).encode() + b"\n")
         conn.end_chunked()
+
+
+def _native_message(pieces: list[dict[str, Any]], script: list[dict[str, Any]], whole: Any) -> dict[str, Any]:
+    """Scripted pieces in Ollama's shape: ``thinking``, and tool calls only whole (a call is sent
+    at its last piece, arguments as an object: so a stop mid-call yields no call)."""
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": "".join(p.get("content", "") for p in pieces),
+    }
+    thinking = "".join(p.get("reasoning", "") for p in pieces)
+    if thinking:
+        message["thinking"] = thinking
+    calls = script_calls(script)
+    if whole is not None:  # streaming: the call whose last piece this is
+        last = {p["tool"]: i for i, p in enumerate(script) if "tool" in p}
+        index = whole.get("tool")
+        calls = [calls[index]] if index is not None and last.get(index) == script.index(whole) else []
+    if calls:
+        message["tool_calls"] = [
+            {"function": {"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"] or "{}")}}
+            for c in calls
+        ]
+    return message
 
 
 def _now() -> str:

@@ -6,7 +6,7 @@ import json
 import time
 from typing import Any
 
-from ._server import Conn, FakeServer, Handler, RequestRecord
+from ._server import Conn, FakeServer, Handler, RequestRecord, script_delta, script_finish, script_message
 
 
 def sse(obj: Any) -> bytes:
@@ -28,8 +28,30 @@ class FakeOpenAIServer(FakeServer):
             ("POST", "/v1/embeddings"): self.embeddings,
             ("GET", "/v1/models"): self.models,
             ("GET", "/health"): self.health,
+            ("GET", "/props"): self.props,
         }
         return routes.get((method, path))
+
+    def props(self, conn: Conn, record: RequestRecord) -> None:
+        """llama-server's ``/props`` (``--jinja``): whether the chat template does tool calls."""
+        caps = {"supports_tools": self.behavior.template_tools, "supports_tool_calls": self.behavior.template_tools}
+        conn.send_json(200, {"total_slots": 1, "chat_template_caps": caps})
+
+    @staticmethod
+    def history_error(messages: Any) -> str | None:
+        """What vLLM and OpenAI reject in a history: truncated tool-call arguments, and a tool
+        answer to a call that was never made."""
+        calls: set[str] = set()
+        for m in messages if isinstance(messages, list) else []:
+            for c in (m.get("tool_calls") or []) if isinstance(m, dict) else []:
+                try:
+                    json.loads(c["function"]["arguments"])
+                except (ValueError, KeyError, TypeError):
+                    return f"invalid tool call arguments in the history: {str(c)[:200]}"
+                calls.add(str(c.get("id")))
+            if isinstance(m, dict) and m.get("role") == "tool" and str(m.get("tool_call_id")) not in calls:
+                return f"a tool message answers an unknown call {m.get('tool_call_id')!r}"
+        return None
 
     @property
     def base_url(self) -> str:
@@ -95,7 +117,15 @@ class FakeOpenAIServer(FakeServer):
                 },
             )
             return
+        problem = self.history_error(body.get("messages"))
+        if problem:
+            conn.send_json(400, self.error_body(400, problem))
+            return
         tokens, finish = self.tokens(body.get("max_tokens"))
+        script = self.behavior.script
+        if script is not None:
+            tokens, finish = list(script), script_finish(script)  # type: ignore[arg-type]
+        rfield = self.behavior.reasoning_field
         cid = f"chatcmpl-{record.id}"
         base = {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
         if not body.get("stream"):
@@ -120,7 +150,9 @@ class FakeOpenAIServer(FakeServer):
                     "choices": [
                         {
                             "index": 0,
-                            "message": {"role": "assistant", "content": "".join(tokens)},
+                            "message": script_message(script, rfield)
+                            if script is not None
+                            else {"role": "assistant", "content": "".join(tokens)},
                             "finish_reason": finish,
                         }
                     ],
@@ -148,8 +180,9 @@ class FakeOpenAIServer(FakeServer):
             )
         )
 
-        def frame(tok: str) -> bytes:
-            return sse({**base, "choices": [{"index": 0, "delta": {"content": tok}, "finish_reason": None}]})
+        def frame(tok: Any) -> bytes:
+            delta = script_delta(tok, rfield) if isinstance(tok, dict) else {"content": tok}
+            return sse({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
 
         def fault_frame(name: str) -> None:
             if self.common_fault(conn, name):

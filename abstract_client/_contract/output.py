@@ -1,0 +1,138 @@
+"""Tools and structured output under the contract: what is sent, and what a complete answer is.
+
+* ``prepare`` runs inside the call's first step, after admission (a stop already set has sent
+  nothing and prepared nothing). A forced tool call (``"required"`` or a named tool) on a backend
+  without native tool calling is rewritten into schema-constrained output of the call itself, so
+  tool calls work on any model; ``"auto"`` there raises ``NotSupportedError`` (tools are never
+  silently ignored).
+* ``finish_output`` runs only once the answer was judged complete (rule 7): parsing and schema
+  validation never happen after a stop, and a stop is never reported as a validation error.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import replace
+
+from ..errors import NotSupportedError, OutputValidationError
+from ..structured import call_schema, check_tool_call, forced_tools, parse_output
+from ..tool_calls import ToolCallAssembler
+from ..types import ResponseFormat, StreamChunk, ToolCall, ToolCallDelta
+from .call import Call
+from .translate import attach
+
+
+class ToolFallback:
+    """A forced call carried as constrained text: one tool → the text IS its arguments (handed
+    out as tool-call pieces as it streams); several → ``{"name", "arguments"}``, parsed at the
+    end (nothing of it is handed out before)."""
+
+    def __init__(self, tools: list[dict[str, object]], wrapped: bool) -> None:
+        self.wrapped = wrapped
+        self.name = None if wrapped else str(tools[0]["function"]["name"])  # type: ignore[index]
+        self.id = f"call_{uuid.uuid4().hex[:24]}"
+        self._text: list[str] = []
+        self._started = False
+
+    def reset(self) -> None:
+        self._text.clear()
+        self._started = False
+
+    def map(self, chunk: StreamChunk, tools: ToolCallAssembler) -> StreamChunk:
+        delta = None
+        if chunk.delta:
+            self._text.append(chunk.delta)
+            if not self.wrapped:
+                first = not self._started
+                self._started = True
+                delta = ToolCallDelta(
+                    0, self.id if first else None, self.name if first else None, arguments_fragment=chunk.delta
+                )
+        finish = chunk.finish_reason
+        if finish is not None and self.wrapped:
+            whole = self._parse_wrapped()
+            if whole is not None:
+                tools.add_whole([whole])
+        if finish is not None and not self.wrapped and not self._started:
+            tools.feed(ToolCallDelta(0, self.id, self.name))  # a call without arguments text
+        return replace(chunk, delta="", tool_call=delta)
+
+    def _parse_wrapped(self) -> ToolCall | None:
+        try:
+            value = json.loads("".join(self._text))
+        except ValueError:
+            return None
+        if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+            return None
+        args = value.get("arguments")
+        if not isinstance(args, dict):
+            return None
+        return ToolCall(id=self.id, name=value["name"], arguments=args, arguments_json=json.dumps(args))
+
+    def partial(self) -> ToolCallDelta | None:
+        text = "".join(self._text)
+        return ToolCallDelta(0, self.id, None, arguments_fragment=text) if text else None
+
+    def raw_text(self) -> str:
+        return "".join(self._text)
+
+
+async def prepare(call: Call) -> None:
+    """Decide, once per call, what the provider is sent (see the module docstring)."""
+    if call.prepared:
+        return
+    call.prepared = True
+    request = call.spec.request
+    if not request.tools:
+        return
+    if await call.provider.native_tools(request):
+        return
+    if request.tool_choice == "none":
+        call.request = replace(request, tools=None, tool_choice=None)
+        return
+    forced = forced_tools(request.tools, request.tool_choice)
+    if not forced:
+        raise NotSupportedError(
+            f"{call.provider.name}: this model has no native tool calling, so tool_choice="
+            f"{request.tool_choice or 'auto'!r} cannot be honoured; pass tool_choice='required' or a named tool "
+            "(carried as schema-constrained output of the call), or tools=None",
+            provider=call.provider.name,
+            model=request.model,
+        )
+    schema, wrapped = call_schema(forced)
+    call.request = replace(
+        request, tools=None, tool_choice=None, response_format=ResponseFormat(schema=schema, name="tool_call")
+    )
+    call.progress.fallback = ToolFallback(forced, wrapped)
+
+
+def finish_output(call: Call) -> None:
+    """Parse and validate a complete answer into ``progress.tool_calls`` / ``progress.parsed``;
+    ``OutputValidationError`` (with everything produced attached) when it does not match."""
+    p = call.progress
+    try:
+        if p.fallback is not None and p.fallback.wrapped and not p.tools:
+            raw = p.fallback.raw_text()
+            raise OutputValidationError(
+                "the forced tool call is not a {name, arguments} object of a given tool", raw_text=raw, errors=[raw]
+            )
+        bad = p.tools.unparsed()
+        if bad:
+            raise OutputValidationError(
+                f"the arguments of tool call {bad[0].name or bad[0].index!r} are not a JSON object",
+                raw_text=bad[0].arguments_fragment,
+                errors=[f"call #{b.index} ({b.name}): {b.arguments_fragment[:200]!r}" for b in bad],
+            )
+        calls = p.tools.complete(finished=True)
+        for tool_call in calls:
+            check_tool_call(tool_call, call.spec.request.tools)
+        p.tool_calls = calls
+        if calls and p.finish_reason == "stop":
+            p.finish_reason = "tool_calls"
+        fmt = call.spec.request.response_format
+        if fmt is not None and not calls:
+            p.parsed = parse_output(fmt, p.text)
+    except OutputValidationError as err:
+        err.tool_calls = p.tools.complete(finished=False) if not p.tool_calls else p.tool_calls
+        raise attach(call, err) from None

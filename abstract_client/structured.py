@@ -1,0 +1,250 @@
+"""What ``tools=``, ``tool_choice=`` and ``response_format=`` accept, normalised, and the
+validation of what comes back. Pure functions: no I/O, no engine.
+
+* ``tools``: OpenAI function specs, the bare ``{"name", "parameters"}`` form, or a plain Python
+  function with type hints (its schema derived from the signature, its description from the
+  docstring).
+* ``response_format``: a JSON-schema dict, OpenAI's ``{"type": "json_schema", ...}`` or
+  ``{"type": "json_object"}`` forms, or a pydantic model class (pydantic is never imported here:
+  the class is recognised by its ``model_json_schema``/``model_validate`` methods).
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+import json
+import types
+import typing
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .errors import OutputValidationError
+from .types import ResponseFormat, ToolCall
+
+ToolChoice = str | dict[str, Any] | None
+_CHOICES = ("auto", "none", "required")
+
+
+# -- tools ------------------------------------------------------------------------------------------
+
+
+def normalize_tools(tools: Sequence[Any] | None) -> list[dict[str, Any]] | None:
+    if tools is None:
+        return None
+    if isinstance(tools, (dict, str)) or callable(tools):
+        raise TypeError("tools= takes a list of tool specs or functions")
+    return [_tool_spec(t) for t in tools]
+
+
+def _tool_spec(tool: Any) -> dict[str, Any]:
+    if isinstance(tool, dict):
+        if tool.get("type") == "function" and isinstance(tool.get("function"), dict):
+            fn = tool["function"]
+        elif "name" in tool:
+            fn = tool
+        else:
+            raise ValueError(f"not a function tool spec: {str(tool)[:200]}")
+        if not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise ValueError(f"a tool needs a name: {str(tool)[:200]}")
+        spec = {"name": fn["name"], "parameters": fn.get("parameters") or {"type": "object", "properties": {}}}
+        if fn.get("description"):
+            spec["description"] = fn["description"]
+        return {"type": "function", "function": spec}
+    if callable(tool):
+        return function_tool(tool)
+    raise TypeError(f"a tool is a spec dict or a function, not {type(tool).__name__}")
+
+
+def function_tool(fn: Callable[..., Any]) -> dict[str, Any]:
+    """The OpenAI tool spec of a Python function: parameters from its type hints (a parameter
+    without a default is required), description from the docstring's first paragraph."""
+    hints = typing.get_type_hints(fn)
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    for name, param in inspect.signature(fn).parameters.items():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        properties[name] = type_schema(hints.get(name, Any))
+        if param.default is inspect.Parameter.empty:
+            required.append(name)
+    parameters: dict[str, Any] = {
+        "type": "object",
+        "properties": properties,
+        "required": required,
+        "additionalProperties": False,
+    }
+    spec: dict[str, Any] = {"name": fn.__name__, "parameters": parameters}
+    doc = inspect.getdoc(fn)
+    if doc:
+        spec["description"] = doc.split("\n\n")[0].strip()
+    return {"type": "function", "function": spec}
+
+
+_SIMPLE = {str: "string", int: "integer", float: "number", bool: "boolean", type(None): "null"}
+
+
+def type_schema(tp: Any) -> dict[str, Any]:
+    """JSON schema of a type hint: str/int/float/bool/None, list/tuple/dict, Literal, Optional
+    and unions, Enum subclasses, pydantic models; anything else accepts any value."""
+    if tp in _SIMPLE:
+        return {"type": _SIMPLE[tp]}
+    if tp is Any:
+        return {}
+    if inspect.isclass(tp) and issubclass(tp, enum.Enum):
+        return {"enum": [m.value for m in tp]}
+    if inspect.isclass(tp) and hasattr(tp, "model_json_schema"):
+        schema: dict[str, Any] = tp.model_json_schema()
+        return schema
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Literal:
+        return {"enum": list(args)}
+    if origin in (typing.Union, types.UnionType):
+        return {"anyOf": [type_schema(a) for a in args]}
+    if origin in (list, tuple, set, frozenset) or tp in (list, tuple, set):
+        return {"type": "array", "items": type_schema(args[0])} if args else {"type": "array"}
+    if origin is dict or tp is dict:
+        return (
+            {"type": "object", "additionalProperties": type_schema(args[1])} if len(args) == 2 else {"type": "object"}
+        )
+    return {}
+
+
+def normalize_tool_choice(choice: ToolChoice, tools: list[dict[str, Any]] | None) -> ToolChoice:
+    if choice is None:
+        return None
+    if isinstance(choice, str):
+        if choice not in _CHOICES:
+            raise ValueError(f"tool_choice must be one of {_CHOICES} or a named function, not {choice!r}")
+        if choice == "required" and not tools:
+            raise ValueError('tool_choice="required" needs tools=')
+        return choice
+    if isinstance(choice, dict):
+        fn = choice.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if choice.get("type") != "function" or not isinstance(name, str):
+            raise ValueError(
+                f"a named tool_choice is {{'type': 'function', 'function': {{'name': ...}}}}, not {choice!r}"
+            )
+        if not any(t["function"]["name"] == name for t in tools or []):
+            raise ValueError(f"tool_choice names {name!r}, which is not in tools=")
+        return {"type": "function", "function": {"name": name}}
+    raise TypeError(f"tool_choice must be a string or a dict, not {type(choice).__name__}")
+
+
+def forced_tools(tools: list[dict[str, Any]] | None, choice: ToolChoice) -> list[dict[str, Any]]:
+    """The tools a call must use: the named one, all of them for ``"required"``, else none."""
+    if not tools:
+        return []
+    if choice == "required":
+        return tools
+    if isinstance(choice, dict):
+        name = choice["function"]["name"]
+        return [t for t in tools if t["function"]["name"] == name]
+    return []
+
+
+def call_schema(tools: list[dict[str, Any]]) -> tuple[dict[str, Any], bool]:
+    """The JSON schema of a forced call, for backends without native tool calling, and whether
+    it is wrapped. One tool: its parameters (the output IS the arguments); several: one of
+    ``{"name": <const>, "arguments": <parameters>}``."""
+    if len(tools) == 1:
+        return tools[0]["function"]["parameters"], False
+    options = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": t["function"]["name"]}, "arguments": t["function"]["parameters"]},
+            "required": ["name", "arguments"],
+        }
+        for t in tools
+    ]
+    return {"anyOf": options}, True
+
+
+# -- structured output ------------------------------------------------------------------------------
+
+
+def response_format_from(value: Any) -> ResponseFormat | None:
+    if value is None:
+        return None
+    if isinstance(value, ResponseFormat):
+        return value
+    if inspect.isclass(value) and hasattr(value, "model_json_schema") and hasattr(value, "model_validate"):
+        return ResponseFormat(schema=value.model_json_schema(), name=value.__name__, model=value)
+    if isinstance(value, dict):
+        kind = value.get("type")
+        if kind == "json_object":
+            return ResponseFormat(schema=value.get("schema") if isinstance(value.get("schema"), dict) else None)
+        if kind == "json_schema" and isinstance(value.get("json_schema"), dict):
+            inner = value["json_schema"]
+            if not isinstance(inner.get("schema"), dict):
+                raise ValueError("response_format json_schema needs a schema")
+            return ResponseFormat(schema=inner["schema"], name=str(inner.get("name") or "answer"))
+        _check_schema(value)
+        return ResponseFormat(schema=value)
+    raise TypeError(f"response_format takes a JSON-schema dict or a pydantic model class, not {type(value).__name__}")
+
+
+def _check_schema(schema: dict[str, Any]) -> None:
+    from jsonschema.validators import validator_for
+
+    cls = validator_for(schema)
+    try:
+        cls.check_schema(schema)
+    except Exception as exc:  # jsonschema's SchemaError: a clear ValueError before anything is sent
+        raise ValueError(f"response_format is not a valid JSON schema: {getattr(exc, 'message', exc)}") from None
+
+
+def schema_errors(schema: dict[str, Any] | None, value: Any) -> list[str]:
+    if schema is None:
+        return []
+    from jsonschema.validators import validator_for
+
+    validator = validator_for(schema)(schema)
+    return [f"{'/'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}" for e in validator.iter_errors(value)]
+
+
+def parse_output(fmt: ResponseFormat, text: str) -> Any:
+    """The validated answer: the pydantic model's instance, or the JSON value. Raises
+    ``OutputValidationError`` (with the raw text) when it is not JSON or does not match."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise OutputValidationError(
+            f"the answer is not JSON: {exc}", raw_text=text, errors=[str(exc)], partial_text=text
+        ) from None
+    if fmt.model is not None:
+        try:
+            return fmt.model.model_validate(value)
+        except Exception as exc:  # pydantic's ValidationError
+            listed = exc.errors() if callable(getattr(exc, "errors", None)) else [exc]
+            errors = [str(e) for e in listed]
+            raise OutputValidationError(
+                f"the answer does not match {fmt.name}", raw_text=text, errors=errors, partial_text=text
+            ) from None
+    if fmt.schema is None and not isinstance(value, dict):
+        raise OutputValidationError(
+            "the answer is not a JSON object", raw_text=text, errors=["not an object"], partial_text=text
+        )
+    errors = schema_errors(fmt.schema, value)
+    if errors:
+        raise OutputValidationError(
+            f"the answer does not match the {fmt.name} schema", raw_text=text, errors=errors, partial_text=text
+        )
+    return value
+
+
+def check_tool_call(call: ToolCall, tools: list[dict[str, Any]] | None) -> None:
+    """A complete call must name a given tool and carry arguments of its parameters' schema."""
+    if tools is None:
+        return
+    spec = next((t["function"] for t in tools if t["function"]["name"] == call.name), None)
+    if spec is None:
+        raise OutputValidationError(
+            f"the model called an unknown tool {call.name!r}", raw_text=call.arguments_json, errors=["unknown tool"]
+        )
+    errors = schema_errors(spec.get("parameters"), call.arguments)
+    if errors:
+        raise OutputValidationError(
+            f"the arguments of {call.name} do not match its parameters", raw_text=call.arguments_json, errors=errors
+        )
