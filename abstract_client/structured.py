@@ -186,7 +186,7 @@ def response_format_from(value: Any) -> ResponseFormat | None:
 
 
 def _check_schema(schema: dict[str, Any]) -> None:
-    from jsonschema.validators import validator_for
+    from jsonschema.validators import validator_for  # type: ignore[import-untyped]
 
     cls = validator_for(schema)
     try:
@@ -198,7 +198,7 @@ def _check_schema(schema: dict[str, Any]) -> None:
 def schema_errors(schema: dict[str, Any] | None, value: Any) -> list[str]:
     if schema is None:
         return []
-    from jsonschema.validators import validator_for
+    from jsonschema.validators import validator_for  # type: ignore[import-untyped]
 
     validator = validator_for(schema)(schema)
     return [f"{'/'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}" for e in validator.iter_errors(value)]
@@ -217,7 +217,8 @@ def parse_output(fmt: ResponseFormat, text: str) -> Any:
         try:
             return fmt.model.model_validate(value)
         except Exception as exc:  # pydantic's ValidationError
-            listed = exc.errors() if callable(getattr(exc, "errors", None)) else [exc]
+            errors_of = getattr(exc, "errors", None)
+            listed = errors_of() if callable(errors_of) else [exc]
             errors = [str(e) for e in listed]
             raise OutputValidationError(
                 f"the answer does not match {fmt.name}", raw_text=text, errors=errors, partial_text=text

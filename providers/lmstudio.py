@@ -77,7 +77,8 @@ class LMStudioProvider(OpenAICompatibleProvider):
         if request.temperature is not None:
             body["temperature"] = request.temperature
         if request.reasoning is not None:
-            body["reasoning"] = {True: "on", False: "off"}.get(request.reasoning, request.reasoning)  # type: ignore[call-overload]
+            level = request.reasoning
+            body["reasoning"] = level if isinstance(level, str) else ("on" if level else "off")
         body.update(self.options)
         body.update(extra)
         return body

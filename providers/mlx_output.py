@@ -50,7 +50,7 @@ class OutputShaper:
     def __init__(self, tokenizer: Any, *, prompt_ids: list[int], think: bool, tools: list[dict[str, Any]] | None):
         start = getattr(tokenizer, "think_start", None) or "<think>"
         end = getattr(tokenizer, "think_end", None) or "</think>"
-        opened = getattr(tokenizer, "think_start_tokens", None)
+        opened: Any = getattr(tokenizer, "think_start_tokens", None)
         inside = bool(opened) and tuple(prompt_ids[-len(opened) :]) == tuple(opened)
         self._think = ThinkSplitter(start, end, inside=inside) if think else None
         self._tools = tools

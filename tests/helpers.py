@@ -52,3 +52,35 @@ def stream_in_threads(
     for t in threads:
         t.start()
     return threads, errors
+
+
+def launch_llama_server(tmp_path_factory: Any, name: str, **launch: Any) -> Any:
+    """A real llama-server on SmolLM2 (``LlamaServer.launch`` options), or a FAILED test with
+    the reason when the binary or the model is missing."""
+    import pytest
+
+    from abstract_client.testing.processes import LlamaServer, llama_server_binary, smollm2_gguf
+
+    binary, model = llama_server_binary(), smollm2_gguf()
+    if binary is None or model is None:
+        pytest.fail(
+            "llama-server or the SmolLM2 GGUF is missing: run scripts/get_llama_server.sh and "
+            "scripts/get_model.py (.ci/run does)"
+        )
+    return LlamaServer.launch(binary, model, log_path=tmp_path_factory.mktemp(name) / "server.log", **launch)
+
+
+# A tool every real-engine test can force (a short string argument: quick on a 135M model).
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 30}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}

@@ -13,7 +13,9 @@ from collections.abc import Iterator
 import pytest
 
 from abstract_client import LLM, GenerationCancelledError, create_llm
-from abstract_client.testing.processes import LlamaServer, llama_server_binary, smollm2_gguf
+from abstract_client.testing.processes import LlamaServer
+
+from .helpers import launch_llama_server
 
 HIDDEN = 576
 CAPITAL = [
@@ -49,13 +51,9 @@ def check_vectors(llm: LLM) -> None:
 
 @pytest.fixture(scope="module")
 def embedder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
-    binary, model = llama_server_binary(), smollm2_gguf()
-    if binary is None or model is None:
-        pytest.fail("llama-server or SmolLM2 is missing: run scripts/get_llama_server.sh and scripts/get_model.py")
-    server = LlamaServer.launch(
-        binary,
-        model,
-        log_path=tmp_path_factory.mktemp("llama-embed") / "server.log",
+    server = launch_llama_server(
+        tmp_path_factory,
+        "llama-embed",
         batch=512,
         threads=1,  # ggml's 2-thread barriers crawl when other work holds the 2 cores
         extra=["--embeddings", "--pooling", "mean"],

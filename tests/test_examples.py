@@ -44,3 +44,9 @@ def test_main_job_demo_on_real_smollm2() -> None:
     out = run("demo.py", timeout=600)
     assert "Paris" in out
     assert "[stopped] reason=user" in out and "40 tokens delivered" in out
+
+
+def test_tools_agent_stop_mid_call_then_next_turn() -> None:
+    out = run("tools_agent.py")
+    assert "complete calls kept: ['get_weather']; call being written dropped: get_time" in out
+    assert "next turn: It is sunny in Paris." in out

@@ -219,9 +219,10 @@ def test_lmstudio_native_chat_events_and_reasoning() -> None:
         FakeLMStudioServer(answer="Paris is the capital.") as server,
         create_llm("lmstudio", "fake-model", base_url=server.base_url) as llm,
     ):
-        with llm.stream("capital?", reasoning="on") as stream:
+        with llm.stream("capital?", reasoning=True) as stream:
             chunks = list(stream)
         assert "".join(c.delta for c in chunks) == "Paris is the capital."
+        assert "".join(c.reasoning for c in chunks) == "Let me think. "  # reasoning.delta, never content
         result = stream.result()
         assert result.usage is not None and result.usage.completion_tokens == 4
         assert server.last.path == "/api/v1/chat"

@@ -23,7 +23,9 @@ from abstract_client import (
     NotSupportedError,
     create_llm,
 )
-from abstract_client.testing.processes import LlamaServer, llama_server_binary, smollm2_gguf
+from abstract_client.testing.processes import LlamaServer
+
+from .helpers import launch_llama_server
 
 pytestmark = pytest.mark.llamacpp
 
@@ -39,13 +41,7 @@ CAPITAL = [
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
-    binary, model = llama_server_binary(), smollm2_gguf()
-    if binary is None or model is None:
-        pytest.fail(
-            "llama-server or the SmolLM2 GGUF is missing: run scripts/get_llama_server.sh and "
-            "scripts/get_model.py (.ci/run does)"
-        )
-    server = LlamaServer.launch(binary, model, log_path=tmp_path_factory.mktemp("llama") / "server.log")
+    server = launch_llama_server(tmp_path_factory, "llama")
     yield server
     server.stop()
 

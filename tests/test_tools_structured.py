@@ -389,6 +389,10 @@ def test_vllm_auto_tool_choice_refused_by_the_server_is_not_supported() -> None:
             },
         )
         assert isinstance(err, NotSupportedError)
+        err = error_from_response(
+            400, {"error": {"message": 'tool_choice="required" requires --tool-call-parser to be set'}}
+        )
+        assert isinstance(err, NotSupportedError)
         llm.close()
 
 

@@ -27,6 +27,8 @@ from abstract_client import (
 )
 from abstract_client.testing.processes import VLLMServer, vllm_environment
 
+from .helpers import WEATHER_TOOL
+
 pytestmark = pytest.mark.vllm
 
 CAPITAL = [
@@ -41,7 +43,14 @@ def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
     env = vllm_environment()
     if env is None:
         pytest.fail("the vLLM venv or the SmolLM2 HF model is missing: run scripts/get_vllm.sh (.ci/run does)")
-    server = VLLMServer.launch(env[0], env[1], log_path=tmp_path_factory.mktemp("vllm") / "server.log")
+    # vLLM 0.32 loads a tool-call parser only with auto tool choice on; then it guides "required"
+    # and named choices itself (any model). pythonic needs no special tokens in the vocabulary.
+    server = VLLMServer.launch(
+        env[0],
+        env[1],
+        log_path=tmp_path_factory.mktemp("vllm") / "server.log",
+        extra=["--enable-auto-tool-choice", "--tool-call-parser", "pythonic"],
+    )
     yield server
     server.stop()
 
@@ -189,3 +198,58 @@ def test_count_tokens_matches_the_prompt_the_server_reports(lm: LLM) -> None:
     assert result.usage is not None and lm.count_tokens(messages=CAPITAL) == result.usage.prompt_tokens
     raw = lm.generate("The capital of France is", raw=True, max_tokens=2, temperature=0)
     assert raw.usage is not None and lm.count_tokens("The capital of France is") == raw.usage.prompt_tokens
+
+
+# -- tools and structured output (vLLM guides "required" and named choices for any model) -----------
+
+WEATHER = WEATHER_TOOL
+LONG_CALL = {
+    "type": "function",
+    "function": {
+        "name": "save_words",
+        "parameters": {
+            "type": "object",
+            "properties": {"words": {"type": "array", "items": {"type": "string", "maxLength": 12}, "minItems": 300}},
+            "required": ["words"],
+        },
+    },
+}
+
+
+def test_required_tool_choice_gives_a_valid_tool_call(lm: LLM) -> None:
+    result = lm.generate(
+        messages=[*CAPITAL[:1], {"role": "user", "content": "What is the weather in Paris?"}],
+        tools=[WEATHER],
+        tool_choice="required",
+        max_tokens=80,
+        temperature=0,
+    )
+    (call,) = result.tool_calls
+    assert call.name == "get_weather" and isinstance(call.arguments["city"], str)
+    assert result.content == ""
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}}, "required": ["city"]}
+    structured = lm.generate(messages=CAPITAL, response_format=schema, max_tokens=60, temperature=0)
+    assert isinstance(structured.parsed, dict) and isinstance(structured.parsed["city"], str)
+
+
+def test_stop_mid_tool_call_stream_stops_vllm_and_hands_out_no_partial_call(lm: LLM, vllm: VLLMServer) -> None:
+    stop = threading.Event()
+    fragments = 0
+    with pytest.raises(GenerationCancelledError) as info:
+        for chunk in lm.stream(
+            messages=[*CAPITAL[:1], {"role": "user", "content": "Save many words."}],
+            tools=[LONG_CALL],
+            tool_choice="required",
+            max_tokens=1500,
+            cancel_event=stop,
+        ):
+            assert not chunk.tool_calls  # the complete-calls chunk never comes
+            if chunk.tool_call is not None:
+                fragments += 1
+                if fragments == 20:
+                    stop.set()
+    err = info.value
+    assert err.tool_calls == []  # the only call was still being written
+    assert err.partial_tool_call is not None and err.partial_tool_call.name == "save_words"
+    assert err.partial_tool_call.arguments_fragment.startswith("{")
+    assert_vllm_stopped(vllm)

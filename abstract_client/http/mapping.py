@@ -68,7 +68,9 @@ def decode_json_body(content: bytes) -> Any:
         return None
 
 
-_AUTO_TOOLS = re.compile(r"auto.{0,3} tool choice requires|enable-auto-tool-choice", re.IGNORECASE)
+_AUTO_TOOLS = re.compile(
+    r"tool.?choice.{0,20} requires|enable-auto-tool-choice|requires --tool-call-parser", re.IGNORECASE
+)
 
 
 def error_from_response(
@@ -106,7 +108,7 @@ def error_from_response(
     if status == 503 or lowered_type == "unavailable_error":
         return ServerUnavailableError(message, retry_after=retry_after, **common)
     if status in (400, 422) and _AUTO_TOOLS.search(message):
-        return NotSupportedError(message, **common)  # vLLM started without --enable-auto-tool-choice
+        return NotSupportedError(message, **common)  # vLLM started without its tool-call flags
     if status in (400, 422):
         return InvalidRequestError(message, **common)
     return ProviderAPIError(message, **common)

@@ -1,0 +1,97 @@
+"""Per-token cost of constrained decoding on the MLX lane (llguidance), and the stop inside it.
+
+Runs SmolLM2-135M-Instruct (MLX) on this machine: tokens/s of the same request with and without a
+JSON schema, the mask's own time per token, and stop → raise during a constrained decode.
+Usage: python benchmarks/bench_structured.py [--runs 3] [--tokens 120]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from _tables import pct, print_table
+
+from abstract_client import GenerationCancelledError, create_llm
+from abstract_client.assets import smollm2_mlx
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"words": {"type": "array", "items": {"type": "string", "maxLength": 12}, "minItems": 500}},
+    "required": ["words"],
+}
+MESSAGES = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "List many words."},
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--tokens", type=int, default=120)
+    parser.add_argument("--stops", type=int, default=20)
+    args = parser.parse_args()
+    import providers.mlx_output as shaping
+
+    mask_ms: list[float] = []
+    original = shaping.GrammarProcessor.__call__
+
+    def timed_call(self, tokens, logits):  # type: ignore[no-untyped-def]
+        t0 = time.perf_counter()
+        out = original(self, tokens, logits)
+        mask_ms.append((time.perf_counter() - t0) * 1000)
+        return out
+
+    shaping.GrammarProcessor.__call__ = timed_call  # type: ignore[method-assign]
+    rows = []
+    with create_llm("mlx", str(smollm2_mlx())) as llm:
+        llm.generate("warm up", max_tokens=4)
+        llm.generate("warm up", max_tokens=4, response_format=SCHEMA)
+        for label, extra in (
+            ("plain", {"logit_bias": {2: -1e9}}),
+            ("json schema (llguidance)", {"response_format": SCHEMA}),
+        ):
+            rates = []
+            for _ in range(args.runs):
+                mask_ms.clear()
+                result = llm.generate(messages=MESSAGES, max_tokens=args.tokens, **extra)  # type: ignore[arg-type]
+                rates.append(result.timings.tokens_per_s or float("nan"))
+            row = {
+                "decode": label,
+                "tokens/s (median)": statistics.median(rates),
+                "ms/token": 1000 / statistics.median(rates),
+                "mask ms/token p50": pct(mask_ms, 50) if mask_ms else 0.0,
+                "mask p99": pct(mask_ms, 99) if mask_ms else 0.0,
+            }
+            rows.append(row)
+        print_table(f"MLX SmolLM2-135M, {args.tokens} tokens, {args.runs} runs each", rows)
+        latencies = []
+        for _ in range(args.stops):
+            stop = threading.Event()
+            try:
+                for i, _chunk in enumerate(
+                    llm.stream(messages=MESSAGES, response_format=SCHEMA, max_tokens=2000, cancel_event=stop)
+                ):
+                    if i == 10:
+                        t0 = time.perf_counter()
+                        stop.set()
+            except GenerationCancelledError:
+                latencies.append((time.perf_counter() - t0) * 1000)
+        print_table(
+            f"stop → raise during a constrained decode (n={len(latencies)})",
+            [{"p50 ms": pct(latencies, 50), "p99 ms": pct(latencies, 99), "max ms": max(latencies)}],
+        )
+
+
+if __name__ == "__main__":
+    main()
