@@ -134,5 +134,8 @@ def finish_output(call: Call) -> None:
         if fmt is not None and not calls:
             p.parsed = parse_output(fmt, p.text)
     except OutputValidationError as err:
+        if p.finish_reason == "length":
+            err.message += " (the answer was cut at max_tokens: finish_reason='length')"
+            err.args = (err.message,)
         err.tool_calls = p.tools.complete(finished=False) if not p.tool_calls else p.tool_calls
         raise attach(call, err) from None
