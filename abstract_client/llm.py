@@ -405,8 +405,14 @@ class LLM:
     # -- stopping -----------------------------------------------------------------------------
 
     def cancel(self, request_id: str, reason: StopReason = "user") -> bool:
-        """Stop one call in flight (from any thread). False if no such call is in flight."""
-        return self._inflight.cancel(request_id, reason)
+        """Stop one call in flight (from any thread). False if no such call is in flight.
+        A provider with an ``on_cancel`` hook (the "remote" lane: the gateway's cancel
+        endpoint) is told as well."""
+        stopped = self._inflight.cancel(request_id, reason)
+        hook = getattr(self.provider, "on_cancel", None)
+        if stopped and hook is not None:
+            hook(request_id)
+        return stopped
 
     def cancel_all(self, reason: StopReason = "user") -> int:
         """Stop every call in flight (from any thread); returns how many were stopped."""

@@ -28,6 +28,7 @@ _BUILTIN: dict[str, str] = {
     "lmstudio": "providers.lmstudio:LMStudioProvider",
     "mlx": "providers.mlx:MLXProvider",
     "vllm": "providers.vllm:VLLMProvider",
+    "remote": "providers.remote:RemoteProvider",
 }
 _registered: dict[str, Callable[..., Provider]] = {}
 

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -283,6 +285,50 @@ def _guard(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namesp
     return run
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        sys.stderr.write("error: serve needs the server extra: pip install 'abstract-client[server]'\n")
+        return 2
+    from ..gateway import BackendConfig, GatewayConfig, load_config, serve
+
+    if args.config:
+        config = load_config(args.config)
+    elif args.provider:
+        options = {}
+        for item in args.option:
+            key, _, value = item.partition("=")
+            try:
+                options[key] = json.loads(value)
+            except ValueError:
+                options[key] = value
+        name = args.name or args.model or args.provider
+        backend = BackendConfig(
+            name=Path(name).name if args.provider == "mlx" and not args.name else name,
+            provider=args.provider,
+            model=args.model,
+            base_url=args.base_url,
+            options=options,
+            max_concurrent=args.max_concurrent,
+            queue_timeout=args.queue_timeout,
+        )
+        config = GatewayConfig(backends=[backend])
+    else:
+        sys.stderr.write("error: serve needs --provider or --config\n")
+        return 2
+    if args.host:
+        config.host = args.host
+    if args.port:
+        config.port = args.port
+    if args.api_key_env:
+        config.api_key = os.environ.get(args.api_key_env) or None
+    config.log_level = args.log_level
+    serve(config)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="abstract-client", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -314,6 +360,28 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--drain-timeout", type=float, default=30.0)
         p.set_defaults(fn=_guard(fn))
 
+    p = sub.add_parser("serve", help="an OpenAI-compatible gateway; a client's disconnect stops the generation")
+    p.add_argument("--provider", "-p", default=None, choices=available_providers())
+    p.add_argument("--model", "-m", default=None, help="model name (a directory for mlx)")
+    p.add_argument("--base-url", "-u", default=None, help="the backend's URL (each provider has a default)")
+    p.add_argument("--name", default=None, help="the model name clients use (default: --model, or the provider)")
+    p.add_argument(
+        "--option",
+        "-o",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a provider option (repeatable; VALUE is parsed as JSON when it can be)",
+    )
+    p.add_argument("--config", default=None, help="a TOML file serving several backends (see docs/gateway.md)")
+    p.add_argument("--host", default=None)
+    p.add_argument("--port", type=int, default=None)
+    p.add_argument("--max-concurrent", type=int, default=4, help="generations at once per backend")
+    p.add_argument("--queue-timeout", type=float, default=30.0, help="seconds a request may wait: then 503")
+    p.add_argument("--api-key-env", default=None, help="the name of an environment variable holding the bearer key")
+    p.add_argument("--log-level", default="info")
+    p.set_defaults(fn=cmd_serve)
+
     p = sub.add_parser("bench", help="benchmarks")
     bench = p.add_subparsers(dest="bench", required=True)
     b = bench.add_parser("cancel", help="stop → raise latency and server evidence, per lane (docs/cancellation.md)")
@@ -337,6 +405,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        return int(args.fn(args))
     try:
         import rich  # noqa: F401 - the command's UI
     except ImportError:

@@ -1,0 +1,586 @@
+"""The gateway's ASGI app (Starlette routes, uvicorn server).
+
+Every generation runs as a :class:`Flight`: while it waits for a slot and while the answer is
+computed — streaming AND non-streaming — a task watches the ASGI ``receive`` channel, and the
+client's ``http.disconnect`` aborts the flight's ``AbortController``. From there it is the
+contract's ordinary stop: the upstream socket is severed (HTTP lanes) or the engine's flag is
+set (in-process MLX), the call unwinds, and the chain's latency (stop seen → engine stopped) goes
+into ``/metrics``. ``POST /v1/requests/{id}/cancel`` aborts the same controller.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+from starlette.types import Message, Receive, Scope, Send
+
+from ..abort import AbortController
+from ..errors import GenerationCancelledError
+from ..llm import LLM
+from ..registry import create_llm
+from ..types import GenerateResult
+from .config import BackendConfig, GatewayConfig
+from .metrics import Metrics
+from .openai_wire import (
+    BadRequest,
+    chat_completion,
+    chunk_frames,
+    error_body,
+    generation_args,
+    text_completion,
+    usage_frame,
+)
+
+log = logging.getLogger("abstract_client.gateway")
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+class Backend:
+    """One served model: its LLM and its slots (``max_concurrent`` generations at once)."""
+
+    def __init__(self, cfg: BackendConfig) -> None:
+        self.cfg = cfg
+        self.llm: LLM = create_llm(cfg.provider, cfg.model, base_url=cfg.base_url, max_retries=0, **cfg.options)
+        self.slots = anyio.Semaphore(cfg.max_concurrent)
+
+    @property
+    def name(self) -> str:
+        return self.cfg.name
+
+
+class Flight:
+    """One request in flight: what stops it, and when the stop was seen."""
+
+    def __init__(self, request_id: str, backend: Backend) -> None:
+        self.request_id = request_id
+        self.backend = backend
+        self.controller = AbortController()
+        self.reason: str | None = None
+        self.stop_seen_at: float | None = None
+        self.client_gone = False
+        self.queue_scope: anyio.CancelScope | None = None
+
+    def stop(self, reason: str) -> None:
+        """From the disconnect watcher, the cancel endpoint or shutdown (first reason wins)."""
+        if reason == "client_disconnect":
+            self.client_gone = True
+        if self.reason is not None:
+            return
+        self.reason, self.stop_seen_at = reason, time.perf_counter()
+        self.controller.abort(reason)
+        if self.queue_scope is not None:
+            self.queue_scope.cancel()
+
+
+class Gateway:
+    def __init__(self, config: GatewayConfig) -> None:
+        self.config = config
+        self.backends = {b.name: Backend(b) for b in config.backends}
+        self.metrics = Metrics()
+        self.flights: dict[str, Flight] = {}
+
+    def backend_for(self, model: Any) -> Backend | None:
+        if isinstance(model, str) and model in self.backends:
+            return self.backends[model]
+        if len(self.backends) == 1:  # one backend: any model name reaches it
+            return next(iter(self.backends.values()))
+        return None
+
+    async def aclose(self) -> None:
+        for flight in list(self.flights.values()):
+            flight.stop("shutdown")
+        for backend in self.backends.values():
+            await backend.llm.aclose()
+
+    def stop_recorded(self, flight: Flight) -> None:
+        seconds = time.perf_counter() - (flight.stop_seen_at or time.perf_counter())
+        reason = flight.reason or "unknown"
+        self.metrics.stopped(flight.backend.name, reason, seconds)
+        log.info(
+            "stopped %s backend=%s reason=%s stop->engine stopped %.2f ms",
+            flight.request_id,
+            flight.backend.name,
+            reason,
+            seconds * 1000,
+        )
+
+
+# -- ASGI plumbing ------------------------------------------------------------------------------------
+
+
+async def send_json(send: Send, status: int, body: Any, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    data = json.dumps(body).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+            + (headers or []),
+        }
+    )
+    await send({"type": "http.response.body", "body": data})
+
+
+def sse(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+class GenerationResponse:
+    """An ASGI response that runs one generation (or embedding) as a :class:`Flight`."""
+
+    def __init__(
+        self,
+        gateway: Gateway,
+        backend: Backend,
+        request_id: str,
+        endpoint: str,
+        run: Callable[[Flight, Send], Awaitable[int]],
+    ) -> None:
+        self.gateway, self.backend, self.request_id = gateway, backend, request_id
+        self.endpoint, self.run = endpoint, run
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        gateway, backend = self.gateway, self.backend
+        if self.request_id in gateway.flights:
+            await send_json(
+                send,
+                409,
+                {
+                    "error": {
+                        "message": f"request {self.request_id} is already in flight",
+                        "type": "invalid_request_error",
+                        "code": "duplicate_request_id",
+                    }
+                },
+            )
+            return
+        flight = Flight(self.request_id, backend)
+        gateway.flights[self.request_id] = flight
+        gateway.metrics.started(backend.name)
+        status = 500
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(watch_disconnect, receive, flight)
+                status = await self._in_slot(flight, send)
+                tg.cancel_scope.cancel()
+        finally:
+            del gateway.flights[self.request_id]
+            gateway.metrics.finished(backend.name, self.endpoint, status)
+
+    async def _in_slot(self, flight: Flight, send: Send) -> int:
+        """Wait for a slot (bounded: 503 + Retry-After), then run; a client that leaves while
+        queued leaves the queue."""
+        backend = self.backend
+        with anyio.CancelScope() as flight.queue_scope:
+            try:
+                with anyio.fail_after(backend.cfg.queue_timeout):
+                    await backend.slots.acquire()
+            except TimeoutError:
+                self.gateway.metrics.queue_rejected(backend.name)
+                retry = str(max(1, round(backend.cfg.queue_timeout / 2))).encode()
+                await send_json(
+                    send,
+                    503,
+                    {
+                        "error": {
+                            "message": f"{backend.name} is busy: no slot within {backend.cfg.queue_timeout}s",
+                            "type": "unavailable_error",
+                            "code": "queue_timeout",
+                        }
+                    },
+                    [(b"retry-after", retry)],
+                )
+                return 503
+        flight.queue_scope = None
+        if flight.reason is not None:  # stopped while queued: nothing ran
+            if not flight.client_gone:
+                await send_json(send, *error_body(GenerationCancelledError("stopped while queued")))
+            return 499
+        try:
+            return await self.run(flight, send)
+        finally:
+            backend.slots.release()
+
+
+async def watch_disconnect(receive: Receive, flight: Flight) -> None:
+    """The client's disconnect IS the stop (the request body was already read)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            flight.stop("client_disconnect")
+            return
+
+
+async def guarded_send(send: Send, flight: Flight, message: Message) -> None:
+    if flight.client_gone:
+        return
+    try:
+        await send(message)
+    except OSError:  # the client went away under us: that is a stop too
+        flight.stop("client_disconnect")
+
+
+# -- endpoints ------------------------------------------------------------------------------------------
+
+
+def request_id_of(request: Request) -> str:
+    return str(request.scope["state"]["request_id"])
+
+
+async def _json(request: Request) -> Any:
+    try:
+        return await request.json()
+    except ValueError as exc:
+        raise BadRequest(f"the body is not JSON: {exc}") from None
+
+
+def _error(err: BaseException) -> JSONResponse:
+    status, body = error_body(err)
+    return JSONResponse(body, status_code=status)
+
+
+def generation_endpoint(gateway: Gateway, *, chat: bool) -> Callable[[Request], Awaitable[Any]]:
+    endpoint = "chat" if chat else "completions"
+
+    async def handle(request: Request) -> Any:
+        try:
+            body = await _json(request)
+            kwargs, stream, include_usage = generation_args(body, chat=chat)
+        except BadRequest as err:
+            return _error(err)
+        backend = gateway.backend_for(body.get("model"))
+        if backend is None:
+            return JSONResponse(
+                {
+                    "error": {
+                        "message": f"no backend serves model {body.get('model')!r}",
+                        "type": "invalid_request_error",
+                        "code": "model_not_found",
+                    }
+                },
+                status_code=404,
+            )
+        model_name = str(body.get("model") or backend.name)
+        request_id = request_id_of(request)
+        kind = stream_generation if stream else whole_generation
+
+        async def run(flight: Flight, send: Send) -> int:
+            return await kind(gateway, flight, send, kwargs, model_name, chat=chat, include_usage=include_usage)
+
+        return GenerationResponse(gateway, backend, request_id, endpoint, run)
+
+    return handle
+
+
+async def whole_generation(
+    gateway: Gateway,
+    flight: Flight,
+    send: Send,
+    kwargs: dict[str, Any],
+    model: str,
+    *,
+    chat: bool,
+    include_usage: bool,
+) -> int:
+    llm = flight.backend.llm
+    try:
+        result = await llm.agenerate(**kwargs, signal=flight.controller.signal, request_id=flight.request_id)
+    except GenerationCancelledError as err:
+        gateway.stop_recorded(flight)
+        if not flight.client_gone:
+            await guarded_send_json(send, flight, *error_body(err))
+        return 499
+    except Exception as err:
+        status, body = error_body(err)
+        await guarded_send_json(send, flight, status, body)
+        return status
+    answer = (
+        chat_completion(result, flight.request_id, model) if chat else text_completion(result, flight.request_id, model)
+    )
+    await guarded_send_json(send, flight, 200, answer)
+    return 200
+
+
+async def guarded_send_json(send: Send, flight: Flight, status: int, body: Any) -> None:
+    if flight.client_gone:
+        return
+    try:
+        await send_json(send, status, body)
+    except OSError:
+        flight.stop("client_disconnect")
+
+
+async def stream_generation(
+    gateway: Gateway,
+    flight: Flight,
+    send: Send,
+    kwargs: dict[str, Any],
+    model: str,
+    *,
+    chat: bool,
+    include_usage: bool,
+) -> int:
+    """SSE. The response starts with the first chunk, so an error before it (unknown model,
+    context overflow...) gets its own status; one after it ends the stream with an error frame,
+    never a silent EOF."""
+    llm = flight.backend.llm
+    created = int(time.time())
+    started = False
+
+    async def start() -> None:
+        nonlocal started
+        started = True
+        headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+        await guarded_send(send, flight, {"type": "http.response.start", "status": 200, "headers": headers})
+
+    async def body(data: bytes, more: bool = True) -> None:
+        await guarded_send(send, flight, {"type": "http.response.body", "body": data, "more_body": more})
+
+    stream = llm.astream(**kwargs, signal=flight.controller.signal, request_id=flight.request_id)
+    try:
+        async with stream:
+            async for chunk in stream:
+                frames = chunk_frames(chunk, flight.request_id, model, created, chat=chat)
+                if frames and not started:
+                    await start()
+                for frame in frames:
+                    await body(sse(frame))
+        result: GenerateResult = stream.result()
+    except GenerationCancelledError as err:
+        gateway.stop_recorded(flight)
+        if flight.client_gone:
+            return 499
+        if not started:
+            await guarded_send_json(send, flight, *error_body(err))
+        else:
+            await body(sse(error_body(err)[1]), more=False)
+        return 499
+    except Exception as err:
+        status, payload = error_body(err)
+        if not started:
+            await guarded_send_json(send, flight, status, payload)
+            return status
+        await body(sse(payload), more=False)
+        return status
+    if not started:
+        await start()
+    if include_usage:
+        await body(sse(usage_frame(result, flight.request_id, model, created, chat=chat)))
+    await body(b"data: [DONE]\n\n", more=False)
+    return 200
+
+
+def embeddings_endpoint(gateway: Gateway) -> Callable[[Request], Awaitable[Any]]:
+    async def handle(request: Request) -> Any:
+        try:
+            body = await _json(request)
+            if not isinstance(body, dict):
+                raise BadRequest("the body must be a JSON object")
+            inputs = body.get("input")
+            if isinstance(inputs, str):
+                inputs = [inputs]
+            if not isinstance(inputs, list) or not all(isinstance(t, str) for t in inputs):
+                raise BadRequest("input must be a string or a list of strings")
+        except BadRequest as err:
+            return _error(err)
+        backend = gateway.backend_for(body.get("model"))
+        if backend is None:
+            return JSONResponse(
+                {
+                    "error": {
+                        "message": f"no backend serves model {body.get('model')!r}",
+                        "type": "invalid_request_error",
+                        "code": "model_not_found",
+                    }
+                },
+                404,
+            )
+        model = str(body.get("model") or backend.name)
+
+        async def run(flight: Flight, send: Send) -> int:
+            try:
+                result = await flight.backend.llm.aembed(
+                    inputs,
+                    dimensions=body.get("dimensions"),
+                    signal=flight.controller.signal,
+                    request_id=flight.request_id,
+                )
+            except GenerationCancelledError as err:
+                gateway.stop_recorded(flight)
+                if not flight.client_gone:
+                    await guarded_send_json(send, flight, *error_body(err))
+                return 499
+            except Exception as err:
+                status, payload = error_body(err)
+                await guarded_send_json(send, flight, status, payload)
+                return status
+            data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(result.vectors)]
+            n = result.usage.prompt_tokens if result.usage and result.usage.prompt_tokens else 0
+            await guarded_send_json(
+                send,
+                flight,
+                200,
+                {"object": "list", "data": data, "model": model, "usage": {"prompt_tokens": n, "total_tokens": n}},
+            )
+            return 200
+
+        return GenerationResponse(gateway, backend, request_id_of(request), "embeddings", run)
+
+    return handle
+
+
+def create_app(config: GatewayConfig) -> Starlette:
+    gateway = Gateway(config)
+
+    async def models(request: Request) -> Response:
+        data = [{"id": b.name, "object": "model", "owned_by": b.cfg.provider} for b in gateway.backends.values()]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok", "in_flight": len(gateway.flights)})
+
+    async def metrics(request: Request) -> Response:
+        return PlainTextResponse(gateway.metrics.render(list(gateway.backends)), media_type="text/plain; version=0.0.4")
+
+    async def cancel(request: Request) -> Response:
+        flight = gateway.flights.get(request.path_params["request_id"])
+        if flight is None:
+            return JSONResponse(
+                {
+                    "error": {
+                        "message": "no such request in flight",
+                        "type": "invalid_request_error",
+                        "code": "not_found",
+                    }
+                },
+                404,
+            )
+        flight.stop("cancel_endpoint")
+        return JSONResponse({"id": flight.request_id, "cancelled": True})
+
+    async def load_or_unload(request: Request) -> Response:
+        try:
+            body = await _json(request)
+        except BadRequest as err:
+            return _error(err)
+        backend = gateway.backend_for(body.get("model") if isinstance(body, dict) else None)
+        if backend is None:
+            return JSONResponse(
+                {"error": {"message": "unknown model", "type": "invalid_request_error", "code": "model_not_found"}}, 404
+            )
+        try:
+            if request.url.path.endswith("/load"):
+                await backend.llm.aload_model()
+                return JSONResponse({"model": backend.name, "loaded": True})
+            report = await backend.llm.aunload_model()
+        except Exception as err:
+            return _error(err)
+        return JSONResponse(
+            {
+                "model": backend.name,
+                "unloaded": True,
+                "stopped_requests": report.stopped_requests,
+                "server_unloaded": report.server_unloaded,
+                "detail": report.detail,
+                "memory_before": report.memory_before,
+                "memory_after": report.memory_after,
+            }
+        )
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> Any:
+        log.info("serving %s", ", ".join(f"{b.name} ({b.cfg.provider})" for b in gateway.backends.values()))
+        yield
+        await gateway.aclose()
+
+    routes = [
+        Route("/v1/chat/completions", generation_endpoint(gateway, chat=True), methods=["POST"]),
+        Route("/v1/completions", generation_endpoint(gateway, chat=False), methods=["POST"]),
+        Route("/v1/embeddings", embeddings_endpoint(gateway), methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/load", load_or_unload, methods=["POST"]),
+        Route("/v1/models/unload", load_or_unload, methods=["POST"]),
+        Route("/v1/requests/{request_id}/cancel", cancel, methods=["POST"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.gateway = gateway
+    return RequestIdAndAuth(app, config.api_key)  # type: ignore[return-value]
+
+
+class RequestIdAndAuth:
+    """Outermost middleware: every response carries ``X-Request-Id`` (the caller's, if valid);
+    with an API key, every route but ``/health`` needs ``Authorization: Bearer <key>`` (compared
+    in constant time; keys never logged)."""
+
+    def __init__(self, app: Starlette, api_key: str | None) -> None:
+        self.app = app
+        self.state = app.state
+        self._key = api_key.encode() if api_key else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        given = headers.get(b"x-request-id", b"").decode("latin-1")
+        if given and not _REQUEST_ID.match(given):
+            await send_json(
+                send,
+                400,
+                {
+                    "error": {
+                        "message": "X-Request-Id: 1-128 of [A-Za-z0-9._:-]",
+                        "type": "invalid_request_error",
+                        "code": None,
+                    }
+                },
+            )
+            return
+        request_id = given or f"req-{uuid.uuid4().hex}"
+        scope.setdefault("state", {})["request_id"] = request_id
+        tag = (b"x-request-id", request_id.encode())
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), tag]}
+            await send(message)
+
+        if self._key is not None and scope.get("path") != "/health":
+            auth = headers.get(b"authorization", b"")
+            if not (auth.startswith(b"Bearer ") and hmac.compare_digest(auth[7:].strip(), self._key)):
+                await send_json(
+                    send_with_id,
+                    401,
+                    {"error": {"message": "missing or wrong API key", "type": "authentication_error", "code": None}},
+                )
+                return
+        await self.app(scope, receive, send_with_id)
+
+
+def serve(config: GatewayConfig) -> None:
+    import uvicorn
+
+    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream request is noise
+    uvicorn.run(
+        create_app(config),
+        host=config.host,
+        port=config.port,
+        log_level=config.log_level,
+        timeout_graceful_shutdown=10,
+    )

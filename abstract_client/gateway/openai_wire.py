@@ -1,0 +1,204 @@
+"""The OpenAI wire, from the gateway's side: requests into ``generate`` arguments, results and
+chunks into ``chat.completion`` / ``text_completion`` objects, errors into error bodies with the
+right status. Pure functions."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..errors import (
+    AbstractClientError,
+    ContextOverflowError,
+    GenerationCancelledError,
+    GenerationTimeoutError,
+    InvalidRequestError,
+    ModelNotFoundError,
+    NotSupportedError,
+    OutputValidationError,
+    ProviderError,
+    RateLimitError,
+    ServerUnavailableError,
+)
+from ..types import GenerateResult, StreamChunk, ToolCall, ToolCallDelta
+
+# sampling fields passed to the backend as they are (each lane maps the ones it knows)
+_PASSTHROUGH = ("top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+_EFFORT = {"low", "medium", "high"}
+
+
+class BadRequest(Exception):
+    """The request is not one the gateway can serve (HTTP 400, OpenAI error body)."""
+
+
+def generation_args(body: Any, *, chat: bool) -> tuple[dict[str, Any], bool, bool]:
+    """``(kwargs for agenerate/astream, stream?, include usage in the stream?)``."""
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object")
+    kwargs: dict[str, Any] = {}
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("messages must be a non-empty list")
+        kwargs["messages"] = messages
+        for key in ("tools", "tool_choice", "response_format"):
+            if body.get(key) is not None:
+                kwargs[key] = body[key]
+        effort = body.get("reasoning_effort")
+        thinking = (body.get("chat_template_kwargs") or {}).get("enable_thinking")
+        if effort in _EFFORT:
+            kwargs["reasoning"] = effort
+        elif effort in ("none", "minimal") or thinking is False:
+            kwargs["reasoning"] = False
+        elif thinking is True:
+            kwargs["reasoning"] = True
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if not isinstance(prompt, str):
+            raise BadRequest("prompt must be a string (one prompt per request)")
+        kwargs.update(prompt=prompt, raw=True)
+    if body.get("n") not in (None, 1):
+        raise BadRequest("n > 1 is not supported")
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    for key, value in (
+        ("max_tokens", max_tokens),
+        ("temperature", body.get("temperature")),
+        ("seed", body.get("seed")),
+        ("stop", body.get("stop")),
+    ):
+        if value is not None:
+            kwargs[key] = value
+    for key in _PASSTHROUGH:
+        if body.get(key) is not None:
+            kwargs[key] = body[key]
+    stream = bool(body.get("stream"))
+    include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    return kwargs, stream, include_usage
+
+
+def _usage(result_usage: Any) -> dict[str, int] | None:
+    if result_usage is None or result_usage.prompt_tokens is None or result_usage.completion_tokens is None:
+        return None
+    return {
+        "prompt_tokens": result_usage.prompt_tokens,
+        "completion_tokens": result_usage.completion_tokens,
+        "total_tokens": result_usage.prompt_tokens + result_usage.completion_tokens,
+    }
+
+
+def _call_wire(call: ToolCall) -> dict[str, Any]:
+    return call.to_message()
+
+
+def chat_completion(result: GenerateResult, request_id: str, model: str) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": result.content or (None if result.tool_calls else "")}
+    if result.reasoning:
+        message["reasoning_content"] = result.reasoning
+    if result.tool_calls:
+        message["tool_calls"] = [_call_wire(c) for c in result.tool_calls]
+    out: dict[str, Any] = {
+        "id": request_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": result.finish_reason}],
+    }
+    usage = _usage(result.usage)
+    if usage:
+        out["usage"] = usage
+    return out
+
+
+def text_completion(result: GenerateResult, request_id: str, model: str) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": request_id,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "text": result.content, "finish_reason": result.finish_reason}],
+    }
+    usage = _usage(result.usage)
+    if usage:
+        out["usage"] = usage
+    return out
+
+
+def _tool_delta(delta: ToolCallDelta) -> dict[str, Any]:
+    out: dict[str, Any] = {"index": delta.index, "function": {"arguments": delta.arguments_fragment}}
+    if delta.id:
+        out.update(id=delta.id, type="function")
+    if delta.name:
+        out["function"]["name"] = delta.name
+    return out
+
+
+def chunk_frames(chunk: StreamChunk, request_id: str, model: str, created: int, *, chat: bool) -> list[dict[str, Any]]:
+    """The frames for one chunk (none for a chunk that carries nothing the wire shows)."""
+    base = {"id": request_id, "created": created, "model": model}
+    if not chat:
+        if not chunk.delta and chunk.finish_reason is None:
+            return []
+        choice = {"index": 0, "text": chunk.delta, "finish_reason": chunk.finish_reason}
+        return [{**base, "object": "text_completion", "choices": [choice]}]
+    delta: dict[str, Any] = {}
+    if chunk.delta:
+        delta["content"] = chunk.delta
+    if chunk.reasoning:
+        delta["reasoning_content"] = chunk.reasoning
+    if chunk.tool_call is not None:
+        delta["tool_calls"] = [_tool_delta(chunk.tool_call)]
+    if not delta and chunk.finish_reason is None:
+        return []
+    choice = {"index": 0, "delta": delta, "finish_reason": chunk.finish_reason}
+    return [{**base, "object": "chat.completion.chunk", "choices": [choice]}]
+
+
+def usage_frame(result: GenerateResult, request_id: str, model: str, created: int, *, chat: bool) -> dict[str, Any]:
+    kind = "chat.completion.chunk" if chat else "text_completion"
+    return {
+        "id": request_id,
+        "object": kind,
+        "created": created,
+        "model": model,
+        "choices": [],
+        "usage": _usage(result.usage),
+    }
+
+
+def error_body(err: BaseException) -> tuple[int, dict[str, Any]]:
+    """``(status, OpenAI error body)`` for an error; a stopped call's partial text is kept."""
+    status, kind = 500, "server_error"
+    code: str | None = None
+    if isinstance(err, BadRequest):
+        status, kind = 400, "invalid_request_error"
+    elif isinstance(err, GenerationCancelledError):
+        status, kind, code = 499, "cancelled", err.reason
+    elif isinstance(err, GenerationTimeoutError):
+        status, kind, code = 504, "timeout", err.kind
+    elif isinstance(err, OutputValidationError):
+        status, kind = 422, "output_validation_error"
+    elif isinstance(err, ModelNotFoundError):
+        status, kind, code = 404, "invalid_request_error", "model_not_found"
+    elif isinstance(err, ContextOverflowError):
+        status, kind, code = 400, "invalid_request_error", "context_length_exceeded"
+    elif isinstance(err, NotSupportedError):
+        status, kind = 400, "not_supported_error"
+    elif isinstance(err, InvalidRequestError):
+        status, kind = 400, "invalid_request_error"
+    elif isinstance(err, RateLimitError):
+        status, kind = 429, "rate_limit_error"
+    elif isinstance(err, ServerUnavailableError):
+        status, kind = 503, "unavailable_error"
+    elif isinstance(err, ProviderError) and err.status is not None and 400 <= err.status < 600:
+        status = 502
+    elif isinstance(err, (ValueError, TypeError)):
+        status, kind = 400, "invalid_request_error"
+    elif isinstance(err, AbstractClientError):
+        status = 502  # the backend failed or broke its protocol: a bad gateway
+    message = err.message if isinstance(err, AbstractClientError) else str(err)
+    error: dict[str, Any] = {"message": message or type(err).__name__, "type": kind, "code": code}
+    if isinstance(err, AbstractClientError) and err.partial_text:
+        error["partial_text"] = err.partial_text
+    return status, {"error": error}
