@@ -198,8 +198,10 @@ class MLXProvider(Provider):
                 min_p=extra.get("min_p", 0.0),
                 top_k=extra.get("top_k", 0),
             )
+            bias = extra.get("logit_bias")
             processors = make_logits_processors(
-                logit_bias=extra.get("logit_bias"), repetition_penalty=extra.get("repetition_penalty")
+                logit_bias={int(k): float(v) for k, v in bias.items()} if bias else None,  # JSON keys are strings
+                repetition_penalty=extra.get("repetition_penalty"),
             )
             if request.response_format is not None:
                 processors.append(self._grammar(model, tokenizer, request, len(ids)))

@@ -182,9 +182,7 @@ def test_cancel_endpoint_and_the_remote_lane(gateway: GatewayProcess, upstream: 
 
 def test_request_id_on_every_response_and_the_api_key(upstream: FakeOpenAIServer, tmp_path: Path) -> None:
     secret = "s3cret-key-value"
-    with launch(
-        upstream, tmp_path, "--api-key-env", "GW_KEY", env={**os.environ, "GW_KEY": secret}
-    ) as gw:
+    with launch(upstream, tmp_path, "--api-key-env", "GW_KEY", env={**os.environ, "GW_KEY": secret}) as gw:
         health = httpx.get(gw.url + "/health")  # no key needed
         assert health.status_code == 200 and health.headers["x-request-id"].startswith("req-")
         denied = httpx.get(gw.url + "/v1/models", headers={"X-Request-Id": "abc"})

@@ -12,6 +12,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import anyio
 import pytest
@@ -27,7 +28,7 @@ from abstract_client import (
 )
 from abstract_client.testing.processes import VLLMServer, vllm_environment
 
-from .helpers import WEATHER_TOOL
+from .helpers import WEATHER_TOOL, wait_until
 
 pytestmark = pytest.mark.vllm
 
@@ -253,3 +254,28 @@ def test_stop_mid_tool_call_stream_stops_vllm_and_hands_out_no_partial_call(lm: 
     assert err.partial_tool_call is not None and err.partial_tool_call.name == "save_words"
     assert err.partial_tool_call.arguments_fragment.startswith("{")
     assert_vllm_stopped(vllm)
+
+
+def test_gateway_disconnect_stops_vllm(vllm: VLLMServer, tmp_path: Path) -> None:
+    import openai
+
+    from abstract_client.testing.gateway import GatewayProcess
+
+    assert wait_running(vllm, 0, 10)
+    with GatewayProcess.launch(["-p", "vllm", "-u", vllm.url, "--name", "smollm2"], log_path=tmp_path / "gw.log") as gw:
+        client = openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0)
+        stream = client.chat.completions.create(
+            model="smollm2",
+            messages=[{"role": "user", "content": STORY}],
+            max_tokens=1500,
+            stream=True,
+            extra_body={"ignore_eos": True},
+            extra_headers={"X-Request-Id": "vllm-gw-1"},
+        )
+        for n, _ in enumerate(stream):
+            if n == 10:
+                assert vllm.running() == 1
+                break
+        stream.close()
+        assert wait_until(lambda: any(s[0] == "vllm-gw-1" for s in gw.stops()), timeout=15), gw.log_tail()
+        assert_vllm_stopped(vllm)

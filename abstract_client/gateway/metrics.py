@@ -5,7 +5,7 @@ the in-process engine's worker drained)."""
 from __future__ import annotations
 
 import threading
-from collections import defaultdict
+from collections import defaultdict, deque
 
 BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 PREFIX = "abstract_client_gateway"
@@ -21,6 +21,7 @@ class Metrics:
         self._buckets = [0] * len(BUCKETS)
         self._count = 0
         self._sum = 0.0
+        self.chain_ms: deque[float] = deque(maxlen=10_000)  # the latest stop chains, for benchmarks
 
     def started(self, backend: str) -> None:
         with self._lock:
@@ -40,6 +41,7 @@ class Metrics:
             self.stops[(backend, reason)] += 1
             self._count += 1
             self._sum += seconds
+            self.chain_ms.append(seconds * 1000)
             for i, bound in enumerate(BUCKETS):
                 if seconds <= bound:
                     self._buckets[i] += 1

@@ -23,7 +23,17 @@ from ..errors import (
 from ..types import GenerateResult, StreamChunk, ToolCall, ToolCallDelta
 
 # sampling fields passed to the backend as they are (each lane maps the ones it knows)
-_PASSTHROUGH = ("top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+_PASSTHROUGH = (
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "ignore_eos",
+    "min_tokens",
+)
 _EFFORT = {"low", "medium", "high"}
 
 

@@ -1,0 +1,158 @@
+"""The gateway in front of REAL engines, driven by openai-python and curl: a client's disconnect
+ends in llama-server's own ``cancel task`` log line, and in the MLX lane's own token counter
+(0 tokens sampled once its worker saw the flag; the engine idle). vLLM's case is in
+``test_vllm_real.py`` (its module server)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from abstract_client.gateway import BackendConfig, GatewayConfig
+from abstract_client.testing.gateway import GatewayProcess, InProcessGateway
+from abstract_client.testing.processes import LlamaServer
+
+from .helpers import launch_llama_server, wait_until
+from .test_llamacpp_real import CAPITAL, assert_server_stopped
+
+STORY = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "Write a very long story about a dragon."},
+]
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
+    server = launch_llama_server(tmp_path_factory, "llama-gateway")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def gateway(llama: LlamaServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    log = tmp_path_factory.mktemp("gateway") / "gateway.log"
+    server = GatewayProcess.launch(["-p", "llamacpp", "-u", llama.url, "--name", "smollm2"], log_path=log)
+    yield server
+    server.stop()
+
+
+def oa(gateway: GatewayProcess, **kw: object) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0, **kw)  # type: ignore[arg-type]
+
+
+def wait_stop_logged(gateway: GatewayProcess, request_id: str) -> tuple[str, str, float]:
+    assert wait_until(lambda: any(s[0] == request_id for s in gateway.stops()), timeout=15), gateway.log_tail()
+    return next(s for s in gateway.stops() if s[0] == request_id)
+
+
+@pytest.mark.llamacpp
+def test_openai_python_through_the_gateway_to_llama_server(gateway: GatewayProcess, llama: LlamaServer) -> None:
+    assert llama.wait_idle(15)
+    answer = oa(gateway).chat.completions.create(model="smollm2", messages=CAPITAL, max_tokens=20, temperature=0)  # type: ignore[arg-type]
+    assert "Paris" in (answer.choices[0].message.content or "")
+    # stream, break: the gateway logs the stop and llama-server cancels the task
+    cancels = len(llama.cancelled_tasks())
+    stream = oa(gateway).chat.completions.create(
+        model="smollm2",
+        messages=STORY,  # type: ignore[arg-type]
+        max_tokens=2000,
+        stream=True,
+        extra_body={"ignore_eos": True},
+        extra_headers={"X-Request-Id": "break-1"},
+    )
+    for n, _ in enumerate(stream):
+        if n == 10:
+            break
+    stream.close()
+    assert wait_stop_logged(gateway, "break-1")[1] == "client_disconnect"
+    assert_server_stopped(llama, cancels)
+    # non-streaming, abandoned by the client's timeout: the same
+    cancels = len(llama.cancelled_tasks())
+    with pytest.raises(openai.APITimeoutError):
+        oa(gateway, timeout=2.0).chat.completions.create(
+            model="smollm2",
+            messages=STORY,  # type: ignore[arg-type]
+            max_tokens=2000,
+            extra_body={"ignore_eos": True},
+            extra_headers={"X-Request-Id": "timeout-1"},
+        )
+    assert wait_stop_logged(gateway, "timeout-1")[1] == "client_disconnect"
+    assert_server_stopped(llama, cancels)
+
+
+@pytest.mark.llamacpp
+def test_curl_max_time_through_the_gateway_to_llama_server(gateway: GatewayProcess, llama: LlamaServer) -> None:
+    assert llama.wait_idle(15)
+    cancels = len(llama.cancelled_tasks())
+    body = json.dumps({"model": "smollm2", "messages": STORY, "max_tokens": 2000, "ignore_eos": True, "stream": True})
+    proc = subprocess.run(
+        [
+            "curl",
+            "-sS",
+            "-N",
+            "--max-time",
+            "2",
+            "-H",
+            "Content-Type: application/json",
+            "-H",
+            "X-Request-Id: curl-1",
+            "-d",
+            body,
+            gateway.url + "/v1/chat/completions",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 28, proc.stderr
+    assert wait_stop_logged(gateway, "curl-1")[1] == "client_disconnect"
+    assert_server_stopped(llama, cancels)
+
+
+# -- in-process MLX behind the gateway -----------------------------------------------------------------
+
+mx = pytest.importorskip("mlx.core", reason="the mlx extra is part of the test install (scripts/test.sh)")
+
+
+def test_disconnect_stops_in_process_mlx(tmp_path: Path) -> None:
+    from abstract_client.assets import smollm2_mlx
+    from providers.mlx import MLXProvider
+
+    config = GatewayConfig(backends=[BackendConfig(name="smollm2", provider="mlx", model=str(smollm2_mlx()))])
+    with InProcessGateway(config) as gw:
+        provider = gw.gateway.backends["smollm2"].llm.provider
+        assert isinstance(provider, MLXProvider)
+        received = 0
+        body = {"model": "smollm2", "messages": STORY, "max_tokens": 2000, "stream": True, "logit_bias": {2: -1e9}}
+        with httpx.stream(
+            "POST", gw.url + "/v1/chat/completions", json=body, headers={"X-Request-Id": "mlx-1"}, timeout=120
+        ) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    received += 1
+                    if received == 8:
+                        break  # leaving the block closes the connection: the disconnect
+        assert provider.thread.wait_idle(15), "the MLX engine is still decoding"
+        stats = provider.stats("mlx-1")
+        assert stats is not None and stats.stopped_in == "decode" and not stats.finished
+        # the worker counts a token only after checking the flag: none after it saw it
+        assert stats.tokens_at_stop == stats.tokens
+        assert stats.tokens < 2000 and stats.tokens >= received
+        assert wait_until(lambda: gw.gateway.metrics.stops[("smollm2", "client_disconnect")] == 1)
+        assert gw.gateway.metrics.running["smollm2"] == 0
+        # the engine answers the next request at once
+        t0 = time.perf_counter()
+        answer = httpx.post(
+            gw.url + "/v1/chat/completions",
+            json={"model": "smollm2", "messages": CAPITAL, "max_tokens": 12},
+            timeout=120,
+        )
+        assert answer.status_code == 200 and answer.json()["choices"][0]["message"]["content"]
+        assert time.perf_counter() - t0 < 60
