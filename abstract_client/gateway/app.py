@@ -53,7 +53,9 @@ class Backend:
 
     def __init__(self, cfg: BackendConfig) -> None:
         self.cfg = cfg
-        self.llm: LLM = create_llm(cfg.provider, cfg.model, base_url=cfg.base_url, max_retries=0, **cfg.options)
+        # the upstream model: the configured one, else the name clients use (an MLX model is a path)
+        model = cfg.model or (None if cfg.provider == "mlx" else cfg.name)
+        self.llm: LLM = create_llm(cfg.provider, model, base_url=cfg.base_url, max_retries=0, **cfg.options)
         self.slots = anyio.Semaphore(cfg.max_concurrent)
 
     @property
