@@ -66,6 +66,7 @@ class ResponseFormat:
 class Usage:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    cached_tokens: int | None = None  # prompt tokens served from a prompt cache, where reported
 
     @property
     def total_tokens(self) -> int | None:

@@ -25,6 +25,7 @@ import logging
 import math
 import os
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ from abstract_client.stop import StopToken
 from abstract_client.stop_strings import StopStrings
 from abstract_client.types import GenerationRequest, StreamChunk, Timings, Usage
 
+from .mlx_batch import BatchEngine, Sequence, runs_alone
 from .mlx_output import GrammarProcessor, OutputShaper, chat_messages
 
 log = logging.getLogger(__name__)
@@ -62,6 +64,7 @@ class RequestStats:
     prefill_total: int = 0
     tokens_at_stop: int | None = None  # the counter when the worker saw the stop flag
     stopped_in: str | None = None  # "prefill" or "decode"
+    stopped_at: float | None = None  # perf_counter when the worker saw the flag
     finished: bool = False
 
 
@@ -90,6 +93,8 @@ class MLXProvider(Provider):
         prefill_step_size: int = 32,
         default_max_tokens: int = 512,
         max_kv_size: int | None = None,
+        max_batch_size: int = 1,
+        prompt_cache_bytes: int = 256 * 2**20,
         **options: Any,
     ) -> None:
         if model is None:
@@ -108,6 +113,16 @@ class MLXProvider(Provider):
         self.prefill_step_size = prefill_step_size
         self.default_max_tokens = default_max_tokens
         self.max_kv_size = max_kv_size
+        if max_batch_size < 1:
+            raise ValueError("max_batch_size must be >= 1")
+        # max_batch_size=1: the serial engine (one stream_generate at a time); more: continuous
+        # batching with a bounded prompt cache (mlx_batch.py)
+        self.batch = (
+            BatchEngine(self, max_batch_size=max_batch_size, prompt_cache_bytes=prompt_cache_bytes)
+            if max_batch_size > 1
+            else None
+        )
+        self._memory_baseline: int | None = None  # active memory before the model was loaded
         self.options = options
         self.thread = EngineThread(f"abstract-client-mlx:{path.name}", on_exit=_clear_streams)
         self._model: Any = None
@@ -142,6 +157,9 @@ class MLXProvider(Provider):
 
             if self._ejected:
                 log.warning("mlx: reloading %s on demand after an eject", self.path)
+            import mlx.core as mx
+
+            self._memory_baseline = mx.get_active_memory()
             loaded = load(str(self.path))
             self._model, self._tokenizer = loaded[0], loaded[1]
             self._ejected = False
@@ -245,7 +263,7 @@ class MLXProvider(Provider):
                     stats.finished = True
                     break
         except _Stop:
-            stats.tokens_at_stop = stats.tokens
+            stats.tokens_at_stop, stats.stopped_at = stats.tokens, time.perf_counter()
         except Exception as exc:  # a fresh record, never the exception: its traceback pins the model
             emit(_Failure(type(exc).__name__, str(exc)))
         finally:
@@ -287,6 +305,8 @@ class MLXProvider(Provider):
         import mlx.core as mx
 
         before = mx.get_active_memory()
+        if self.batch is not None:
+            self.batch.clear()  # the generator and every prompt-cache entry go with the weights
         self._model = self._tokenizer = self._lltokenizer = None
         gc.collect()
         mx.synchronize()
@@ -314,7 +334,13 @@ class MLXProvider(Provider):
             finally:
                 emit(_END)
 
-        job_done = self.thread.submit(job)
+        job_done: Any = None
+        if self.batch is None:
+            job_done = self.thread.submit(job)
+        elif runs_alone(request, self.options):
+            job_done = self.batch.alone(job)
+        else:
+            self.batch.submit(Sequence(request, token, stats, emit, end=_END))
         ended = False
         try:
             while True:
@@ -336,7 +362,7 @@ class MLXProvider(Provider):
                         pass
                 receive.close()
                 send.close()
-                if not job_done.done():  # the job's own bookkeeping, microseconds behind _END
+                if job_done is not None and not job_done.done():  # its bookkeeping, just behind _END
                     await anyio.to_thread.run_sync(job_done.result)
 
     async def complete(self, request: GenerationRequest, ctx: CallContext) -> Completion:
@@ -416,6 +442,7 @@ class MLXProvider(Provider):
         return UnloadReport(
             server_unloaded=True,
             memory_before=before,
+            extra={"memory_baseline": self._memory_baseline},
             memory_after=after,
             detail=f"mlx: active memory {before / 2**20:.1f} MiB → {after / 2**20:.1f} MiB",
         )

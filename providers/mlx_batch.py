@@ -1,0 +1,292 @@
+"""Continuous batching for the MLX lane: mlx-lm's ``BatchGenerator`` driven on the one MLX thread.
+
+Concurrent requests on one model share decode steps. Each keeps its own stop token: before
+every ``next()`` (one decode step for the batch plus at most one prefill chunk) the loop removes
+the sequences whose stop was requested (``remove(uid)``) — during prefill or decode — and their
+consumers get the end at once; the others continue. A token is counted and handed out only after
+its request's flag was checked, so nothing is sampled for a request after its flag was seen.
+
+Prompt cache: a bounded (bytes, LRU) ``LRUPromptCache``. A finished request inserts its KV
+(prompt + answer) keyed by its tokens; the next turn of the chat reuses the longest prefix
+(``usage.cached_tokens``). A stopped request never inserts anything (its cache is dropped with
+its sequence). ``clear()`` (on eject) drops the generator and the cache, on the MLX thread.
+
+Requests the batch cannot honour exactly run alone, in order, on the same thread (the serial
+engine): a ``seed`` with sampling (mlx's RNG is global: a per-request seed cannot hold inside a
+shared step), and requests with logits processors (``response_format``, forced tool calls,
+``logit_bias``, ``repetition_penalty``). Waiting for one of those pauses admissions to the batch
+until it has run.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from abstract_client.stop import StopToken
+from abstract_client.stop_strings import StopStrings
+from abstract_client.types import GenerationRequest, StreamChunk, Usage
+
+from .mlx_output import OutputShaper
+
+if TYPE_CHECKING:
+    from .mlx import MLXProvider, RequestStats
+
+log = logging.getLogger(__name__)
+
+
+def runs_alone(request: GenerationRequest, options: dict[str, Any]) -> bool:
+    """True for a request the shared batch cannot honour exactly (see the module docstring)."""
+    extra = {**options, **request.extra}
+    sampled = bool(request.temperature)
+    return (
+        (request.seed is not None and sampled)
+        or request.response_format is not None
+        or bool(extra.get("logit_bias"))
+        or extra.get("repetition_penalty") is not None
+    )
+
+
+@dataclass(eq=False)
+class Sequence:
+    request: GenerationRequest
+    token: StopToken
+    stats: RequestStats
+    emit: Callable[[object], None]
+    end: object
+    uid: int | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    decoding: bool = False
+    state: dict[str, Any] = field(default_factory=dict)
+
+
+class BatchEngine:
+    def __init__(self, provider: MLXProvider, *, max_batch_size: int, prompt_cache_bytes: int) -> None:
+        self.provider = provider
+        self.max_batch_size = max_batch_size
+        self.prompt_cache_bytes = prompt_cache_bytes
+        self._lock = threading.Lock()
+        self._pending: deque[Sequence] = deque()
+        self._active: dict[int, Sequence] = {}
+        self._running = False
+        self._alone_waiting = 0
+        self._generator: Any = None
+        self._cache: Any = None
+
+    # -- any thread ---------------------------------------------------------------------------------
+
+    def submit(self, seq: Sequence) -> None:
+        with self._lock:
+            self._pending.append(seq)
+            start = not self._running
+            self._running = True
+        if start:
+            self.provider.thread.submit(self._loop)
+
+    def alone(self, job: Callable[[], None]) -> Any:
+        """Run ``job`` (a serial generation) on the MLX thread once the batch has drained."""
+        with self._lock:
+            self._alone_waiting += 1
+
+        def run() -> None:
+            try:
+                job()
+            finally:
+                with self._lock:
+                    self._alone_waiting -= 1
+                    restart = bool(self._pending) and not self._running and not self._alone_waiting
+                    self._running = self._running or restart
+                if restart:
+                    self.provider.thread.submit(self._loop)
+
+        return self.provider.thread.submit(run)
+
+    @property
+    def cache_bytes(self) -> int:
+        return int(self._cache.nbytes) if self._cache is not None else 0
+
+    # -- on the MLX thread --------------------------------------------------------------------------
+
+    def clear(self) -> None:
+        """Drop the generator and every prompt-cache entry (eject); the MLX thread, idle."""
+        if self._generator is not None:
+            self._generator.close()
+        self._generator = self._cache = None
+
+    def _ensure_generator(self) -> Any:
+        if self._generator is None:
+            from mlx_lm.generate import BatchGenerator
+            from mlx_lm.models.cache import LRUPromptCache
+
+            model, tokenizer = self.provider._ensure_loaded()
+            self._generator = BatchGenerator(
+                model,
+                stop_tokens=[[e] for e in tokenizer.eos_token_ids],
+                max_tokens=self.provider.default_max_tokens,
+                completion_batch_size=self.max_batch_size,
+                prefill_batch_size=self.max_batch_size,
+                prefill_step_size=self.provider.prefill_step_size,
+                max_kv_size=self.provider.max_kv_size,
+            )
+            if self._cache is None and self.prompt_cache_bytes > 0:
+                self._cache = LRUPromptCache(max_size=1 << 16, max_bytes=self.prompt_cache_bytes)
+        return self._generator
+
+    def _loop(self) -> None:
+        import mlx.core as mx
+
+        try:
+            while True:
+                self._admit()
+                self._remove_stopped()
+                if not self._active:
+                    with self._lock:
+                        if not self._pending or self._alone_waiting:
+                            self._running = False
+                            return
+                    continue
+                prompt_responses, generated = self._generator.next()
+                for r in prompt_responses:
+                    seq = self._active.get(r.uid)
+                    if seq is not None:
+                        seq.stats.prefill_done, seq.stats.prefill_total = r.progress
+                for r in generated:
+                    self._on_token(r)
+        except Exception as exc:  # a fresh record for every waiting consumer, never the exception
+            from .mlx import _Failure
+
+            log.exception("mlx batch step failed")
+            failed = list(self._active.values())
+            with self._lock:
+                failed += list(self._pending)
+                self._pending.clear()
+                self._running = False
+            self._active.clear()
+            self.clear()
+            for seq in failed:
+                seq.emit(_Failure(type(exc).__name__, str(exc)))
+                seq.emit(seq.end)
+        finally:
+            mx.synchronize()
+
+    def _admit(self) -> None:
+        while len(self._active) < self.max_batch_size:
+            with self._lock:
+                if not self._pending or self._alone_waiting:
+                    return
+                seq = self._pending.popleft()
+            if seq.token.is_set:  # stopped while queued: nothing was computed for it
+                seq.stats.stopped_in = "queue"
+                seq.stats.tokens_at_stop = 0
+                seq.emit(seq.end)
+                continue
+            try:
+                self._insert(seq)
+            except Exception as exc:
+                from .mlx import _Failure
+
+                seq.emit(_Failure(type(exc).__name__, str(exc)))
+                seq.emit(seq.end)
+
+    def _insert(self, seq: Sequence) -> None:
+        from mlx_lm.models.cache import trim_prompt_cache
+        from mlx_lm.sample_utils import make_sampler
+
+        generator = self._ensure_generator()
+        _, tokenizer = self.provider._ensure_loaded()
+        request = seq.request
+        prompt = self.provider._prompt_ids(tokenizer, request)
+        cache, rest = (None, prompt)
+        if self._cache is not None:
+            cache, rest = self._cache.fetch_nearest_cache(self.provider.model, prompt)
+            if cache is not None and not rest:  # the whole prompt is cached: recompute its last token
+                trim_prompt_cache(cache, 1)
+                rest = prompt[-1:]
+        extra = {**self.provider.options, **request.extra}
+        sampler = make_sampler(
+            temp=request.temperature or 0.0,
+            top_p=extra.get("top_p", 0.0),
+            min_p=extra.get("min_p", 0.0),
+            top_k=extra.get("top_k", 0),
+        )
+        (uid,) = generator.insert(
+            [rest],
+            max_tokens=[request.max_tokens or self.provider.default_max_tokens],
+            caches=[cache],
+            all_tokens=[prompt[: len(prompt) - len(rest)]],
+            samplers=[sampler],
+        )
+        seq.uid = uid
+        seq.prompt_tokens, seq.cached_tokens = len(prompt), len(prompt) - len(rest)
+        seq.stats.prefill_total = len(rest)
+        seq.state = {
+            "detok": tokenizer.detokenizer,
+            "stops": StopStrings(request.stop),
+            "eos": set(tokenizer.eos_token_ids),
+            "shaper": OutputShaper(
+                tokenizer,
+                prompt_ids=prompt,
+                think=not request.raw,
+                tools=request.tools if request.tool_choice != "none" else None,
+            ),
+        }
+        self._active[uid] = seq
+
+    def _remove_stopped(self) -> None:
+        stopped = [uid for uid, seq in self._active.items() if seq.token.is_set]
+        if not stopped:
+            return
+        self._generator.remove(stopped)  # only these sequences; the others go on
+        for uid in stopped:
+            seq = self._active.pop(uid)
+            seq.stats.stopped_in = "decode" if seq.decoding else "prefill"
+            seq.stats.tokens_at_stop, seq.stats.stopped_at = seq.stats.tokens, time.perf_counter()
+            seq.emit(seq.end)
+
+    def _on_token(self, r: Any) -> None:
+        seq = self._active.get(r.uid)
+        if seq is None:
+            return
+        if seq.token.is_set:  # checked before the token is counted or handed out
+            self._remove_stopped()
+            return
+        seq.decoding = True
+        seq.stats.tokens += 1
+        st = seq.state
+        detok, stops = st["detok"], st["stops"]
+        if r.token not in st["eos"]:
+            detok.add_token(r.token)
+        final = r.finish_reason is not None
+        if final:
+            detok.finalize()
+        text = stops.feed(detok.last_segment)
+        final = final or stops.hit
+        if final:
+            text += stops.flush()
+        for piece in st["shaper"].feed(text, final=final):
+            seq.emit(piece)
+        if not final:
+            return
+        if stops.hit and r.finish_reason is None:
+            self._generator.remove([r.uid])  # our stop string: the generator does not know it
+        elif r.prompt_cache is not None and self._cache is not None:
+            self._cache.insert_cache(self.provider.model, list(r.all_tokens), r.prompt_cache)
+        seq.emit(
+            StreamChunk(
+                finish_reason="stop" if stops.hit else r.finish_reason,
+                usage=Usage(
+                    prompt_tokens=seq.prompt_tokens,
+                    completion_tokens=seq.stats.tokens,
+                    cached_tokens=seq.cached_tokens,
+                ),
+            )
+        )
+        seq.stats.finished = True
+        del self._active[r.uid]
+        seq.emit(seq.end)
