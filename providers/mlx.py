@@ -16,6 +16,9 @@ Eject (``unload_model``): new calls wait, ours are stopped (``model_eject``) and
 decode is still running at the deadline, ``ModelBusyError`` and nothing is freed; else every
 reference is dropped on the MLX thread, ``gc.collect()``, ``mx.clear_cache()``, and the report
 carries ``mx.get_active_memory()`` before and after. The next call reloads (with a WARNING).
+
+``max_batch_size > 1``: concurrent calls share decode steps (``mlx_batch.py``), each with its
+own stop; a stop removes only that sequence at the next batch step.
 """
 
 from __future__ import annotations

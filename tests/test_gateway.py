@@ -308,3 +308,38 @@ def test_200_concurrent_streams_with_random_disconnects_leak_nothing(tmp_path: P
             )
         finally:
             gw.stop()
+
+
+def test_config_file_routes_by_model_and_admin_unload(tmp_path: Path) -> None:
+    from abstract_client.testing import FakeOllamaServer
+
+    with FakeOpenAIServer(answer="from A") as a, FakeOllamaServer(answer="from B", models={"llama3": True}) as b:
+        config = tmp_path / "gateway.toml"
+        config.write_text(
+            f"""
+[server]
+log_level = "info"
+
+[[backend]]
+name = "alpha"
+provider = "vllm"
+base_url = "{a.base_url}"
+model = "fake-model"
+
+[[backend]]
+name = "llama3"
+provider = "ollama"
+base_url = "{b.url}"
+max_concurrent = 1
+"""
+        )
+        with GatewayProcess.launch(["--config", str(config)], log_path=tmp_path / "gw.log") as gw:
+            oa = client(gw)
+            assert [m.id for m in oa.models.list().data] == ["alpha", "llama3"]
+            assert oa.chat.completions.create(model="alpha", messages=HELLO).choices[0].message.content == "from A"  # type: ignore[arg-type]
+            assert oa.chat.completions.create(model="llama3", messages=HELLO).choices[0].message.content == "from B"  # type: ignore[arg-type]
+            assert b.last.body["model"] == "llama3"
+            with pytest.raises(openai.NotFoundError):
+                oa.chat.completions.create(model="nope", messages=HELLO)  # type: ignore[arg-type]
+            unloaded = httpx.post(gw.url + "/v1/models/unload", json={"model": "llama3"}, timeout=30)
+            assert unloaded.status_code == 200 and unloaded.json()["server_unloaded"] is True

@@ -156,3 +156,50 @@ def test_disconnect_stops_in_process_mlx(tmp_path: Path) -> None:
         )
         assert answer.status_code == 200 and answer.json()["choices"][0]["message"]["content"]
         assert time.perf_counter() - t0 < 60
+
+
+@pytest.mark.llamacpp
+def test_async_openai_python_through_the_gateway_to_llama_server(gateway: GatewayProcess, llama: LlamaServer) -> None:
+    import asyncio
+
+    assert llama.wait_idle(15)
+    cancels = len(llama.cancelled_tasks())
+
+    async def main() -> None:
+        client = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0)
+        stream = await client.chat.completions.create(
+            model="smollm2",
+            messages=STORY,  # type: ignore[arg-type]
+            max_tokens=2000,
+            stream=True,
+            extra_body={"ignore_eos": True},
+            extra_headers={"X-Request-Id": "async-break-1"},
+        )
+        n = 0
+        async for _ in stream:
+            n += 1
+            if n == 10:
+                break
+        await stream.close()
+        await client.close()
+
+    asyncio.run(main())
+    assert wait_stop_logged(gateway, "async-break-1")[1] == "client_disconnect"
+    assert_server_stopped(llama, cancels)
+    cancels = len(llama.cancelled_tasks())
+
+    async def abandoned() -> None:
+        client = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0, timeout=2.0)
+        with pytest.raises(openai.APITimeoutError):
+            await client.chat.completions.create(
+                model="smollm2",
+                messages=STORY,  # type: ignore[arg-type]
+                max_tokens=2000,
+                extra_body={"ignore_eos": True},
+                extra_headers={"X-Request-Id": "async-timeout-1"},
+            )
+        await client.close()
+
+    asyncio.run(abandoned())
+    assert wait_stop_logged(gateway, "async-timeout-1")[1] == "client_disconnect"
+    assert_server_stopped(llama, cancels)
