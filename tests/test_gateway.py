@@ -214,6 +214,8 @@ def test_bounded_queue_503_and_a_queued_client_that_leaves(upstream: FakeOpenAIS
         # a client that leaves while queued: nothing reaches the upstream for it
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(gw.url + CHAT, json={"model": "fake-model", "messages": HELLO}, timeout=0.2)
+        # the gateway saw it leave the queue (499) before the slot frees up
+        assert wait_until(lambda: gw.metric("abstract_client_gateway_requests_total", status="499") == 1)
         holder.close()
         last_upstream_disconnect(upstream, 1)
         assert wait_until(lambda: gw.metric("abstract_client_gateway_requests_running") == 0)

@@ -91,8 +91,10 @@ def test_stop_one_of_four_mid_decode(batched: LLM) -> None:
     assert p.thread.wait_idle(10)
     stats = p.stats("d0")
     assert stats is not None and stats.stopped_in == "decode" and not stats.finished
-    # the counter is read, then the flag set: at most the one step between them, none after
-    assert stats.tokens_at_stop is not None and stats.tokens_at_stop - at_flag["d0"] <= 1
+    # nothing counted once the worker saw the flag; and it saw it within a step or two of the
+    # test reading the counter and setting the flag (two statements apart on a loaded machine)
+    assert stats.tokens_at_stop == stats.tokens
+    assert stats.tokens_at_stop is not None and stats.tokens_at_stop - at_flag["d0"] <= 2
     for i in (1, 2, 3):
         result = results[i]
         assert isinstance(result, GenerateResult), result
@@ -103,10 +105,11 @@ def test_stop_one_of_four_mid_decode(batched: LLM) -> None:
 def test_stop_one_during_its_prefill(batched: LLM) -> None:
     p = provider(batched)
     stop = threading.Event()
-    long_prompt = " ".join(["The quick brown fox jumps over the lazy dog."] * 60)  # many 16-token chunks
+    # ~4,000 tokens in 16-token chunks: ~250 batch steps of prefill, polled every 0.5 ms
+    long_prompt = " ".join(["The quick brown fox jumps over the lazy dog."] * 300)
 
     def stopper() -> None:
-        assert wait_until(lambda: p.stats("pf") is not None and p.stats("pf").prefill_done > 0, 60)  # type: ignore[union-attr]
+        assert wait_until(lambda: p.stats("pf") is not None and p.stats("pf").prefill_done > 0, 60, interval=0.0005)  # type: ignore[union-attr]
         stop.set()
 
     watcher = threading.Thread(target=stopper)

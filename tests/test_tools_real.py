@@ -181,9 +181,10 @@ def test_mlx_stop_mid_json_samples_nothing_after_the_flag(mlx_llm: LLM) -> None:
     assert provider.thread.wait_idle(10)
     stats = provider.stats(request_id)
     assert stats is not None and stats.stopped_in == "decode" and not stats.finished
-    # tokens sampled after the flag: 0, plus at most the one the worker may sample between the
-    # test reading the counter and setting the flag
-    assert stats.tokens_at_stop is not None and stats.tokens_at_stop - at_flag <= 1
+    # nothing counted once the worker saw the flag, and it saw it within a token or two of the
+    # test reading the counter and setting the flag (two statements apart on a loaded machine)
+    assert stats.tokens_at_stop == stats.tokens
+    assert stats.tokens_at_stop is not None and stats.tokens_at_stop - at_flag <= 2
     assert info.value.partial_text.startswith("{") and not isinstance(info.value, OutputValidationError)
     # the engine is idle and answers the next call
     assert mlx_llm.generate(messages=ask("Name a big city."), response_format=CITY, max_tokens=80).parsed

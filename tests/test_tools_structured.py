@@ -29,7 +29,7 @@ from abstract_client.testing import FakeLMStudioServer, FakeOllamaServer, FakeOp
 from abstract_client.think import ThinkSplitter
 from abstract_client.tool_calls import ToolCallAssembler
 
-from .helpers import set_later, wait_until
+from .helpers import wait_until
 
 WEATHER = {
     "type": "function",
@@ -302,16 +302,24 @@ def test_an_answer_that_does_not_match_is_an_output_validation_error(answer: str
 
 
 def test_a_stop_mid_json_is_a_stop_never_a_validation_error() -> None:
+    answer = '{"name": "Paris", "population": 2100000, "more": "' + "x " * 200 + '"}'
     with FakeOpenAIServer() as server:
-        server.behavior.answer = '{"name": "Paris", "population": 2100000, "more": "' + "x " * 200 + '"}'
+        server.behavior.answer = answer
         server.behavior.token_delay = 0.01
         llm = create_llm("vllm", "fake-model", base_url=server.base_url, max_retries=3)
         controller = AbortController()
-        set_later(controller.abort, 0.3)
+
+        def abort_mid_answer() -> None:
+            record = server.wait_for_request(path="/v1/chat/completions", timeout=30)
+            wait_until(lambda: record.tokens_sent >= 10, timeout=30)
+            controller.abort()
+
+        threading.Thread(target=abort_mid_answer, daemon=True).start()
         with pytest.raises(GenerationCancelledError) as info:
             llm.generate("Paris?", response_format=City, signal=controller.signal, max_tokens=1000)
-        assert info.value.partial_text.startswith('{"name"') and not isinstance(info.value, OutputValidationError)
-        assert len(server.requests("/v1/chat/completions")) == 1
+        assert not isinstance(info.value, OutputValidationError)
+        assert answer.startswith(info.value.partial_text) and len(info.value.partial_text) < len(answer)
+        assert len(server.requests("/v1/chat/completions")) == 1  # never retried
         llm.close()
 
 
