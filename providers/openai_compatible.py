@@ -286,6 +286,10 @@ class OpenAICompatibleProvider(Provider):
         body.update(request.extra)
         return body
 
+    def call_headers(self, ctx: CallContext) -> dict[str, str] | None:
+        """Extra headers for one call's requests (none here; the remote lane sends its id)."""
+        return None
+
     def feature_fields(self, request: GenerationRequest) -> dict[str, Any]:
         """``tools``/``tool_choice``, ``response_format`` and the reasoning switch."""
         fields: dict[str, Any] = {}
@@ -311,13 +315,15 @@ class OpenAICompatibleProvider(Provider):
         return self._stream(request, ctx)
 
     async def _stream(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
-        async with ctx.stream("POST", self.chat_path, json=self.chat_body(request, stream=True)) as resp:
+        body = self.chat_body(request, stream=True)
+        async with ctx.stream("POST", self.chat_path, json=body, headers=self.call_headers(ctx)) as resp:
             await expect_stream(resp)
             async for chunk in openai_sse_chunks(resp):
                 yield chunk
 
     async def complete(self, request: GenerationRequest, ctx: CallContext) -> Completion:
-        resp = await ctx.request("POST", self.chat_path, json=self.chat_body(request, stream=False))
+        body = self.chat_body(request, stream=False)
+        resp = await ctx.request("POST", self.chat_path, json=body, headers=self.call_headers(ctx))
         return completion_from(json_body(resp))
 
     async def embed(
@@ -326,7 +332,8 @@ class OpenAICompatibleProvider(Provider):
         body: dict[str, Any] = {"model": model or "default", "input": texts, "encoding_format": "float"}
         if dimensions is not None:
             body["dimensions"] = dimensions
-        return embeddings_from(json_body(await ctx.request("POST", self.embeddings_path, json=body)))
+        resp = await ctx.request("POST", self.embeddings_path, json=body, headers=self.call_headers(ctx))
+        return embeddings_from(json_body(resp))
 
     async def get_json(self, path: str) -> Any:
         """``GET`` on the pooled client (model management and probes are not generations)."""

@@ -1,55 +1,43 @@
-"""The "remote" lane: an ``abstract-client serve`` gateway (the openai-compatible wire, plus the
-gateway's extras).
+"""The "remote" lane: an ``abstract-client serve`` gateway. Its wire is vLLM's flavour of the
+OpenAI API (chat, raw ``/v1/completions``, embeddings), plus the gateway's extras:
 
 * Every request carries ``X-Request-Id`` = this call's request id, so the gateway's flight, its
-  logs and its metrics use the same id as the caller.
+  logs and its metrics use the caller's id.
 * ``cancel(request_id)`` severs our connection like any stop (the gateway sees the disconnect)
   and also calls ``POST /v1/requests/{id}/cancel``, so the stop reaches the model even through a
   proxy that does not pass a client's disconnect on.
-* ``load_model``/``unload_model`` call the gateway's admin routes.
+* ``load_model``/``unload_model`` call the gateway's admin routes. Tools are the gateway's
+  business (its backend does native calls or the constrained fallback).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import AsyncGenerator
-from typing import Any
 
 import httpx
 
-from abstract_client.http.wire import expect_stream
+from abstract_client.errors import NotSupportedError
 from abstract_client.provider import CallContext, UnloadReport
-from abstract_client.types import GenerationRequest, StreamChunk
+from abstract_client.types import GenerationRequest
 
-from .openai_compatible import OpenAICompatibleProvider, openai_sse_chunks
+from .vllm import VLLMProvider
 
 log = logging.getLogger(__name__)
 
 
-class RemoteProvider(OpenAICompatibleProvider):
+class RemoteProvider(VLLMProvider):
     name = "remote"
     complete_over_stream = True
-    default_base_url = "http://127.0.0.1:8000/v1"
 
-    def __init__(self, *, base_url: str | None = None, **kw: Any) -> None:
-        base = (base_url or self.default_base_url).rstrip("/")
-        if not base.endswith("/v1"):
-            base += "/v1"
-        super().__init__(base_url=base, **kw)
+    def call_headers(self, ctx: CallContext) -> dict[str, str] | None:
+        return {"X-Request-Id": ctx.request_id}
 
-    async def _stream(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
-        body = self.chat_body(request, stream=True)
-        if request.raw:
-            body = {k: v for k, v in body.items() if k != "messages"} | {"prompt": request.prompt or ""}
-        path = "/completions" if request.raw else self.chat_path
-        async with ctx.stream("POST", path, json=body, headers={"X-Request-Id": ctx.request_id}) as resp:
-            await expect_stream(resp)
-            async for chunk in openai_sse_chunks(resp, _text_chunk if request.raw else None):
-                yield chunk
+    async def native_tools(self, request: GenerationRequest) -> bool:
+        return True
 
-    def stream(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
-        return self._stream(request, ctx)
+    async def count_tokens(self, request: GenerationRequest) -> int:
+        raise NotSupportedError("the gateway has no tokenize route", provider=self.name)
 
     def on_cancel(self, request_id: str) -> None:
         """Called by ``LLM.cancel`` after our side was severed: tell the gateway too, from a
@@ -71,15 +59,16 @@ class RemoteProvider(OpenAICompatibleProvider):
 
     async def unload_model(self, *, drain_timeout: float = 30.0) -> UnloadReport:
         body = await self.post_json("/models/unload", {"model": self.model})
+        body = body if isinstance(body, dict) else {}
         return UnloadReport(
-            server_unloaded=bool(body.get("unloaded")) if isinstance(body, dict) else False,
-            detail=str(body.get("detail", "")) if isinstance(body, dict) else "",
-            memory_before=body.get("memory_before") if isinstance(body, dict) else None,
-            memory_after=body.get("memory_after") if isinstance(body, dict) else None,
+            server_unloaded=bool(body.get("unloaded")),
+            detail=str(body.get("detail", "")),
+            memory_before=body.get("memory_before"),
+            memory_after=body.get("memory_after"),
         )
 
+    async def wait_ready(self, timeout: float) -> None:
+        assert self.clients is not None
+        from abstract_client.http.wire import poll_until_ready
 
-def _text_chunk(obj: Any) -> StreamChunk:
-    from .vllm import _text_chunk as text_chunk
-
-    return text_chunk(obj)
+        await poll_until_ready(self.clients.get(private=False), f"{self.root}/health", timeout, provider=self.name)

@@ -87,7 +87,8 @@ class VLLMProvider(OpenAICompatibleProvider):
     async def _stream_completions(
         self, request: GenerationRequest, ctx: CallContext
     ) -> AsyncGenerator[StreamChunk, None]:
-        async with ctx.stream("POST", "/completions", json=self.completions_body(request, stream=True)) as resp:
+        body = self.completions_body(request, stream=True)
+        async with ctx.stream("POST", "/completions", json=body, headers=self.call_headers(ctx)) as resp:
             await expect_stream(resp)
             async for chunk in openai_sse_chunks(resp, _text_chunk):
                 yield chunk
@@ -95,7 +96,14 @@ class VLLMProvider(OpenAICompatibleProvider):
     async def complete(self, request: GenerationRequest, ctx: CallContext) -> Completion:
         if not request.raw:
             return await super().complete(request, ctx)
-        body = json_body(await ctx.request("POST", "/completions", json=self.completions_body(request, stream=False)))
+        body = json_body(
+            await ctx.request(
+                "POST",
+                "/completions",
+                json=self.completions_body(request, stream=False),
+                headers=self.call_headers(ctx),
+            )
+        )
         chunk = _text_chunk(body)
         return Completion.from_chunk(chunk, raw=body)
 

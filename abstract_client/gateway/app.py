@@ -249,6 +249,13 @@ async def _json(request: Request) -> Any:
         raise BadRequest(f"the body is not JSON: {exc}") from None
 
 
+def no_backend(model: Any) -> JSONResponse:
+    message = f"no backend serves model {model!r}"
+    return JSONResponse(
+        {"error": {"message": message, "type": "invalid_request_error", "code": "model_not_found"}}, 404
+    )
+
+
 def _error(err: BaseException) -> JSONResponse:
     status, body = error_body(err)
     return JSONResponse(body, status_code=status)
@@ -265,16 +272,7 @@ def generation_endpoint(gateway: Gateway, *, chat: bool) -> Callable[[Request], 
             return _error(err)
         backend = gateway.backend_for(body.get("model"))
         if backend is None:
-            return JSONResponse(
-                {
-                    "error": {
-                        "message": f"no backend serves model {body.get('model')!r}",
-                        "type": "invalid_request_error",
-                        "code": "model_not_found",
-                    }
-                },
-                status_code=404,
-            )
+            return no_backend(body.get("model"))
         model_name = str(body.get("model") or backend.name)
         request_id = request_id_of(request)
         kind = stream_generation if stream else whole_generation
@@ -400,16 +398,7 @@ def embeddings_endpoint(gateway: Gateway) -> Callable[[Request], Awaitable[Any]]
             return _error(err)
         backend = gateway.backend_for(body.get("model"))
         if backend is None:
-            return JSONResponse(
-                {
-                    "error": {
-                        "message": f"no backend serves model {body.get('model')!r}",
-                        "type": "invalid_request_error",
-                        "code": "model_not_found",
-                    }
-                },
-                404,
-            )
+            return no_backend(body.get("model"))
         model = str(body.get("model") or backend.name)
 
         async def run(flight: Flight, send: Send) -> int:
