@@ -295,22 +295,30 @@ async def whole_generation(
     chat: bool,
     include_usage: bool,
 ) -> int:
-    llm = flight.backend.llm
+    async def produce() -> Any:
+        result = await flight.backend.llm.agenerate(
+            **kwargs, signal=flight.controller.signal, request_id=flight.request_id
+        )
+        return (chat_completion if chat else text_completion)(result, flight.request_id, model)
+
+    return await whole_answer(gateway, flight, send, produce)
+
+
+async def whole_answer(gateway: Gateway, flight: Flight, send: Send, produce: Callable[[], Awaitable[Any]]) -> int:
+    """A non-streaming answer: 200 with ``produce()``'s body, or the error's status and body; a
+    stopped call is recorded (and answered only if its client is still there)."""
     try:
-        result = await llm.agenerate(**kwargs, signal=flight.controller.signal, request_id=flight.request_id)
+        body = await produce()
     except GenerationCancelledError as err:
         gateway.stop_recorded(flight)
         if not flight.client_gone:
             await guarded_send_json(send, flight, *error_body(err))
         return 499
     except Exception as err:
-        status, body = error_body(err)
-        await guarded_send_json(send, flight, status, body)
+        status, payload = error_body(err)
+        await guarded_send_json(send, flight, status, payload)
         return status
-    answer = (
-        chat_completion(result, flight.request_id, model) if chat else text_completion(result, flight.request_id, model)
-    )
-    await guarded_send_json(send, flight, 200, answer)
+    await guarded_send_json(send, flight, 200, body)
     return 200
 
 
@@ -402,31 +410,23 @@ def embeddings_endpoint(gateway: Gateway) -> Callable[[Request], Awaitable[Any]]
         model = str(body.get("model") or backend.name)
 
         async def run(flight: Flight, send: Send) -> int:
-            try:
+            async def produce() -> Any:
                 result = await flight.backend.llm.aembed(
                     inputs,
                     dimensions=body.get("dimensions"),
                     signal=flight.controller.signal,
                     request_id=flight.request_id,
                 )
-            except GenerationCancelledError as err:
-                gateway.stop_recorded(flight)
-                if not flight.client_gone:
-                    await guarded_send_json(send, flight, *error_body(err))
-                return 499
-            except Exception as err:
-                status, payload = error_body(err)
-                await guarded_send_json(send, flight, status, payload)
-                return status
-            data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(result.vectors)]
-            n = result.usage.prompt_tokens if result.usage and result.usage.prompt_tokens else 0
-            await guarded_send_json(
-                send,
-                flight,
-                200,
-                {"object": "list", "data": data, "model": model, "usage": {"prompt_tokens": n, "total_tokens": n}},
-            )
-            return 200
+                data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(result.vectors)]
+                n = result.usage.prompt_tokens if result.usage and result.usage.prompt_tokens else 0
+                return {
+                    "object": "list",
+                    "data": data,
+                    "model": model,
+                    "usage": {"prompt_tokens": n, "total_tokens": n},
+                }
+
+            return await whole_answer(gateway, flight, send, produce)
 
         return GenerationResponse(gateway, backend, request_id_of(request), "embeddings", run)
 
