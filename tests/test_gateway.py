@@ -231,6 +231,12 @@ def test_errors_are_openai_error_bodies_and_a_failing_stream_ends_with_an_error_
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
     bad = httpx.post(gateway.url + CHAT, json={"model": "fake-model", "messages": []})
     assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
+    for stream in (False, True):  # arguments the SDK refuses: a 400, streaming or not
+        refused = httpx.post(
+            gateway.url + CHAT,
+            json={"model": "fake-model", "messages": HELLO, "tool_choice": "sometimes", "stream": stream},
+        )
+        assert refused.status_code == 400 and "tool_choice" in refused.json()["error"]["message"]
     upstream.behavior.models = {"fake-model": True}
     upstream.inject("drop")  # the upstream dies after 2 tokens
     with httpx.stream("POST", gateway.url + CHAT, json={"model": "fake-model", "messages": HELLO, "stream": True}) as r:

@@ -357,8 +357,8 @@ async def stream_generation(
     async def body(data: bytes, more: bool = True) -> None:
         await guarded_send(send, flight, {"type": "http.response.body", "body": data, "more_body": more})
 
-    stream = llm.astream(**kwargs, signal=flight.controller.signal, request_id=flight.request_id)
     try:
+        stream = llm.astream(**kwargs, signal=flight.controller.signal, request_id=flight.request_id)
         async with stream:
             async for chunk in stream:
                 frames = chunk_frames(chunk, flight.request_id, model, created, chat=chat)
