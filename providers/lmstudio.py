@@ -49,7 +49,7 @@ class LMStudioProvider(OpenAICompatibleProvider):
     def wants_native(request: GenerationRequest) -> bool:
         """The native route for ``native=True``, and for ``reasoning=`` on a plain chat (it has
         no tools and no structured output: those stay on ``/v1``)."""
-        if request.extra.get("native") or "reasoning" in request.extra:
+        if request.extra.get("native"):
             return True
         return request.reasoning is not None and not request.tools and request.response_format is None
 

@@ -158,11 +158,6 @@ def chat_chunks(obj: Any) -> list[StreamChunk]:
     return [first, *extra, last]
 
 
-def chunk_from(obj: Any) -> StreamChunk:
-    """Map one ``chat.completion.chunk`` that carries at most one tool-call piece."""
-    return chat_chunks(obj)[0]
-
-
 def completion_from(obj: Any) -> Completion:
     obj = _expect_dict(obj, "completion")
     choice = _first_choice(obj)

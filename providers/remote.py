@@ -28,7 +28,6 @@ log = logging.getLogger(__name__)
 
 class RemoteProvider(VLLMProvider):
     name = "remote"
-    complete_over_stream = True
 
     def call_headers(self, ctx: CallContext) -> dict[str, str] | None:
         return {"X-Request-Id": ctx.request_id}
@@ -66,9 +65,3 @@ class RemoteProvider(VLLMProvider):
             memory_before=body.get("memory_before"),
             memory_after=body.get("memory_after"),
         )
-
-    async def wait_ready(self, timeout: float) -> None:
-        assert self.clients is not None
-        from abstract_client.http.wire import poll_until_ready
-
-        await poll_until_ready(self.clients.get(private=False), f"{self.root}/health", timeout, provider=self.name)

@@ -64,11 +64,6 @@ def last_upstream_disconnect(upstream: FakeOpenAIServer, n: int) -> float:
     return at
 
 
-def wait_stops(gateway: GatewayProcess, n: int) -> list[tuple[str, str, float]]:
-    assert wait_until(lambda: len(gateway.stops()) >= n, timeout=10), gateway.log_tail()
-    return gateway.stops()
-
-
 def test_openai_python_sync_stream_break_stops_the_upstream(
     gateway: GatewayProcess, upstream: FakeOpenAIServer
 ) -> None:
@@ -81,7 +76,7 @@ def test_openai_python_sync_stream_break_stops_the_upstream(
             break
     stream.close()
     last_upstream_disconnect(upstream, 2)
-    (stop,) = wait_stops(gateway, 1)
+    (stop,) = gateway.wait_for_stop(count=1, timeout=10)
     assert stop[1] == "client_disconnect"
     assert upstream.requests(CHAT)[1].tokens_sent < 100
     assert gateway.metric("abstract_client_gateway_stops_total", reason="client_disconnect") == 1
@@ -109,14 +104,14 @@ def test_openai_python_async_stream_and_client_timeout(gateway: GatewayProcess, 
     asyncio.run(main())
     last_upstream_disconnect(upstream, 1)
     last_upstream_disconnect(upstream, 2)
-    assert [s[1] for s in wait_stops(gateway, 2)] == ["client_disconnect"] * 2
+    assert [s[1] for s in gateway.wait_for_stop(count=2, timeout=10)] == ["client_disconnect"] * 2
 
 
 def test_sync_non_streaming_abandoned_by_timeout(gateway: GatewayProcess, upstream: FakeOpenAIServer) -> None:
     with pytest.raises(openai.APITimeoutError):
         client(gateway, timeout=0.5).chat.completions.create(model="fake-model", messages=HELLO, max_tokens=500)  # type: ignore[arg-type]
     last_upstream_disconnect(upstream, 1)
-    assert wait_stops(gateway, 1)[0][1] == "client_disconnect"
+    assert gateway.wait_for_stop(count=1, timeout=10)[0][1] == "client_disconnect"
 
 
 @pytest.mark.parametrize("stream", [True, False])
@@ -130,7 +125,7 @@ def test_curl_max_time_stops_the_upstream(gateway: GatewayProcess, upstream: Fak
     )
     assert proc.returncode == 28, proc.stderr  # curl: operation timed out
     last_upstream_disconnect(upstream, 1)
-    assert wait_stops(gateway, 1)[0][1] == "client_disconnect"
+    assert gateway.wait_for_stop(count=1, timeout=10)[0][1] == "client_disconnect"
 
 
 def test_cancel_endpoint_and_the_remote_lane(gateway: GatewayProcess, upstream: FakeOpenAIServer) -> None:
@@ -176,7 +171,7 @@ def test_cancel_endpoint_and_the_remote_lane(gateway: GatewayProcess, upstream: 
         worker.join(10)
         assert len(errors) == 1
     last_upstream_disconnect(upstream, 3)
-    stops = {s[0]: s[1] for s in wait_stops(gateway, 2)}
+    stops = {s[0]: s[1] for s in gateway.wait_for_stop(count=2, timeout=10)}
     assert stops["job-42"] == "cancel_endpoint" and stops["mine-2"] in ("client_disconnect", "cancel_endpoint")
 
 

@@ -47,11 +47,6 @@ def oa(gateway: GatewayProcess, **kw: object) -> openai.OpenAI:
     return openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0, **kw)  # type: ignore[arg-type]
 
 
-def wait_stop_logged(gateway: GatewayProcess, request_id: str) -> tuple[str, str, float]:
-    assert wait_until(lambda: any(s[0] == request_id for s in gateway.stops()), timeout=15), gateway.log_tail()
-    return next(s for s in gateway.stops() if s[0] == request_id)
-
-
 @pytest.mark.llamacpp
 def test_openai_python_through_the_gateway_to_llama_server(gateway: GatewayProcess, llama: LlamaServer) -> None:
     assert llama.wait_idle(15)
@@ -71,7 +66,7 @@ def test_openai_python_through_the_gateway_to_llama_server(gateway: GatewayProce
         if n == 10:
             break
     stream.close()
-    assert wait_stop_logged(gateway, "break-1")[1] == "client_disconnect"
+    assert gateway.wait_for_stop("break-1")[0][1] == "client_disconnect"
     assert_server_stopped(llama, cancels)
     # non-streaming, abandoned by the client's timeout: the same
     cancels = len(llama.cancelled_tasks())
@@ -83,7 +78,7 @@ def test_openai_python_through_the_gateway_to_llama_server(gateway: GatewayProce
             extra_body={"ignore_eos": True},
             extra_headers={"X-Request-Id": "timeout-1"},
         )
-    assert wait_stop_logged(gateway, "timeout-1")[1] == "client_disconnect"
+    assert gateway.wait_for_stop("timeout-1")[0][1] == "client_disconnect"
     assert_server_stopped(llama, cancels)
 
 
@@ -112,7 +107,7 @@ def test_curl_max_time_through_the_gateway_to_llama_server(gateway: GatewayProce
         timeout=60,
     )
     assert proc.returncode == 28, proc.stderr
-    assert wait_stop_logged(gateway, "curl-1")[1] == "client_disconnect"
+    assert gateway.wait_for_stop("curl-1")[0][1] == "client_disconnect"
     assert_server_stopped(llama, cancels)
 
 
@@ -184,7 +179,7 @@ def test_async_openai_python_through_the_gateway_to_llama_server(gateway: Gatewa
         await client.close()
 
     asyncio.run(main())
-    assert wait_stop_logged(gateway, "async-break-1")[1] == "client_disconnect"
+    assert gateway.wait_for_stop("async-break-1")[0][1] == "client_disconnect"
     assert_server_stopped(llama, cancels)
     cancels = len(llama.cancelled_tasks())
 
@@ -201,5 +196,5 @@ def test_async_openai_python_through_the_gateway_to_llama_server(gateway: Gatewa
         await client.close()
 
     asyncio.run(abandoned())
-    assert wait_stop_logged(gateway, "async-timeout-1")[1] == "client_disconnect"
+    assert gateway.wait_for_stop("async-timeout-1")[0][1] == "client_disconnect"
     assert_server_stopped(llama, cancels)

@@ -28,7 +28,7 @@ from abstract_client import (
 )
 from abstract_client.testing.processes import VLLMServer, vllm_environment
 
-from .helpers import WEATHER_TOOL, wait_until
+from .helpers import WEATHER_TOOL
 
 pytestmark = pytest.mark.vllm
 
@@ -277,5 +277,5 @@ def test_gateway_disconnect_stops_vllm(vllm: VLLMServer, tmp_path: Path) -> None
                 assert vllm.running() == 1
                 break
         stream.close()
-        assert wait_until(lambda: any(s[0] == "vllm-gw-1" for s in gw.stops()), timeout=15), gw.log_tail()
+        assert gw.wait_for_stop("vllm-gw-1")[0][1] == "client_disconnect"
         assert_vllm_stopped(vllm)

@@ -40,6 +40,7 @@ from .openai_wire import (
     chunk_frames,
     error_body,
     generation_args,
+    openai_error,
     text_completion,
     usage_frame,
 )
@@ -157,17 +158,8 @@ class GenerationResponse:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gateway, backend = self.gateway, self.backend
         if self.request_id in gateway.flights:
-            await send_json(
-                send,
-                409,
-                {
-                    "error": {
-                        "message": f"request {self.request_id} is already in flight",
-                        "type": "invalid_request_error",
-                        "code": "duplicate_request_id",
-                    }
-                },
-            )
+            message = f"request {self.request_id} is already in flight"
+            await send_json(send, 409, openai_error(message, "invalid_request_error", "duplicate_request_id"))
             return
         flight = Flight(self.request_id, backend)
         gateway.flights[self.request_id] = flight
@@ -193,18 +185,9 @@ class GenerationResponse:
             except TimeoutError:
                 self.gateway.metrics.queue_rejected(backend.name)
                 retry = str(max(1, round(backend.cfg.queue_timeout / 2))).encode()
-                await send_json(
-                    send,
-                    503,
-                    {
-                        "error": {
-                            "message": f"{backend.name} is busy: no slot within {backend.cfg.queue_timeout}s",
-                            "type": "unavailable_error",
-                            "code": "queue_timeout",
-                        }
-                    },
-                    [(b"retry-after", retry)],
-                )
+                message = f"{backend.name} is busy: no slot within {backend.cfg.queue_timeout}s"
+                body = openai_error(message, "unavailable_error", "queue_timeout")
+                await send_json(send, 503, body, [(b"retry-after", retry)])
                 return 503
         flight.queue_scope = None
         if flight.reason is not None:  # stopped while queued: nothing ran
@@ -250,9 +233,8 @@ async def _json(request: Request) -> Any:
 
 
 def no_backend(model: Any) -> JSONResponse:
-    message = f"no backend serves model {model!r}"
     return JSONResponse(
-        {"error": {"message": message, "type": "invalid_request_error", "code": "model_not_found"}}, 404
+        openai_error(f"no backend serves model {model!r}", "invalid_request_error", "model_not_found"), 404
     )
 
 
@@ -449,16 +431,7 @@ def create_app(config: GatewayConfig) -> Starlette:
     async def cancel(request: Request) -> Response:
         flight = gateway.flights.get(request.path_params["request_id"])
         if flight is None:
-            return JSONResponse(
-                {
-                    "error": {
-                        "message": "no such request in flight",
-                        "type": "invalid_request_error",
-                        "code": "not_found",
-                    }
-                },
-                404,
-            )
+            return JSONResponse(openai_error("no such request in flight", "invalid_request_error", "not_found"), 404)
         flight.stop("cancel_endpoint")
         return JSONResponse({"id": flight.request_id, "cancelled": True})
 
@@ -469,9 +442,7 @@ def create_app(config: GatewayConfig) -> Starlette:
             return _error(err)
         backend = gateway.backend_for(body.get("model") if isinstance(body, dict) else None)
         if backend is None:
-            return JSONResponse(
-                {"error": {"message": "unknown model", "type": "invalid_request_error", "code": "model_not_found"}}, 404
-            )
+            return JSONResponse(openai_error("unknown model", "invalid_request_error", "model_not_found"), 404)
         try:
             if request.url.path.endswith("/load"):
                 await backend.llm.aload_model()
@@ -530,17 +501,7 @@ class RequestIdAndAuth:
         headers = dict(scope.get("headers") or [])
         given = headers.get(b"x-request-id", b"").decode("latin-1")
         if given and not _REQUEST_ID.match(given):
-            await send_json(
-                send,
-                400,
-                {
-                    "error": {
-                        "message": "X-Request-Id: 1-128 of [A-Za-z0-9._:-]",
-                        "type": "invalid_request_error",
-                        "code": None,
-                    }
-                },
-            )
+            await send_json(send, 400, openai_error("X-Request-Id: 1-128 of [A-Za-z0-9._:-]", "invalid_request_error"))
             return
         request_id = given or f"req-{uuid.uuid4().hex}"
         scope.setdefault("state", {})["request_id"] = request_id
@@ -554,11 +515,7 @@ class RequestIdAndAuth:
         if self._key is not None and scope.get("path") != "/health":
             auth = headers.get(b"authorization", b"")
             if not (auth.startswith(b"Bearer ") and hmac.compare_digest(auth[7:].strip(), self._key)):
-                await send_json(
-                    send_with_id,
-                    401,
-                    {"error": {"message": "missing or wrong API key", "type": "authentication_error", "code": None}},
-                )
+                await send_json(send_with_id, 401, openai_error("missing or wrong API key", "authentication_error"))
                 return
         await self.app(scope, receive, send_with_id)
 

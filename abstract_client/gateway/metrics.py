@@ -32,10 +32,6 @@ class Metrics:
             self.running[backend] -= 1
             self.requests[(backend, endpoint, status)] += 1
 
-    def counted(self, backend: str, endpoint: str, status: int) -> None:
-        with self._lock:
-            self.requests[(backend, endpoint, status)] += 1
-
     def stopped(self, backend: str, reason: str, seconds: float) -> None:
         with self._lock:
             self.stops[(backend, reason)] += 1

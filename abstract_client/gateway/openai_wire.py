@@ -16,11 +16,10 @@ from ..errors import (
     ModelNotFoundError,
     NotSupportedError,
     OutputValidationError,
-    ProviderError,
     RateLimitError,
     ServerUnavailableError,
 )
-from ..types import GenerateResult, StreamChunk, ToolCall, ToolCallDelta
+from ..types import GenerateResult, StreamChunk, ToolCallDelta
 
 # sampling fields passed to the backend as they are (each lane maps the ones it knows)
 _PASSTHROUGH = (
@@ -98,16 +97,12 @@ def _usage(result_usage: Any) -> dict[str, int] | None:
     }
 
 
-def _call_wire(call: ToolCall) -> dict[str, Any]:
-    return call.to_message()
-
-
 def chat_completion(result: GenerateResult, request_id: str, model: str) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": result.content or (None if result.tool_calls else "")}
     if result.reasoning:
         message["reasoning_content"] = result.reasoning
     if result.tool_calls:
-        message["tool_calls"] = [_call_wire(c) for c in result.tool_calls]
+        message["tool_calls"] = [c.to_message() for c in result.tool_calls]
     out: dict[str, Any] = {
         "id": request_id,
         "object": "chat.completion",
@@ -201,14 +196,17 @@ def error_body(err: BaseException) -> tuple[int, dict[str, Any]]:
         status, kind = 429, "rate_limit_error"
     elif isinstance(err, ServerUnavailableError):
         status, kind = 503, "unavailable_error"
-    elif isinstance(err, ProviderError) and err.status is not None and 400 <= err.status < 600:
-        status = 502
     elif isinstance(err, (ValueError, TypeError)):
         status, kind = 400, "invalid_request_error"
     elif isinstance(err, AbstractClientError):
         status = 502  # the backend failed or broke its protocol: a bad gateway
     message = err.message if isinstance(err, AbstractClientError) else str(err)
-    error: dict[str, Any] = {"message": message or type(err).__name__, "type": kind, "code": code}
+    body = openai_error(message or type(err).__name__, kind, code)
     if isinstance(err, AbstractClientError) and err.partial_text:
-        error["partial_text"] = err.partial_text
-    return status, {"error": error}
+        body["error"]["partial_text"] = err.partial_text
+    return status, body
+
+
+def openai_error(message: str, kind: str, code: str | None = None) -> dict[str, Any]:
+    """An OpenAI-style error body."""
+    return {"error": {"message": message, "type": kind, "code": code}}

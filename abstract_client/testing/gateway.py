@@ -31,6 +31,18 @@ class GatewayProcess(ServerProcess):
         """``(request id, reason, stop→engine stopped ms)`` of every stop the gateway logged."""
         return [(m[0], m[2], float(m[3])) for m in _STOPPED.findall(self.log_text())]
 
+    def wait_for_stop(self, request_id: str | None = None, *, count: int = 1, timeout: float = 15) -> list[Any]:
+        """The logged stops once ``count`` of them (or the one of ``request_id``) are there;
+        ``AssertionError`` with the log's tail if they are not within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            stops = [s for s in self.stops() if request_id is None or s[0] == request_id]
+            if len(stops) >= count:
+                return stops
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no stop {request_id or ''} logged by the gateway:\n{self.log_tail()}")
+            time.sleep(0.01)
+
     def metric(self, name: str, **labels: str) -> float:
         return metric_value(self.get_text("/metrics"), name, **labels)
 
