@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The README's test command: install, provide the real engines (cached under
-# ~/.cache/abstract-client/), lint, type-check, run the whole suite. Extra args go to pytest.
+# ~/.cache/abstract-client/), lint, type-check, run the whole suite, then the mutation gate on
+# the stop contract (scripts/mutation.sh). Extra args go to pytest; MUTATION=0 skips the gate.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+# Every engine is installed below: a missing one fails its tests instead of skipping them.
+export ABSTRACT_CLIENT_REQUIRE_ENGINES=1
 
 echo ">> installing abstract-client with the dev, mlx and cli extras"
 log="$(mktemp)"
@@ -26,12 +29,24 @@ ruff format --check .
 mypy
 
 echo ">> pytest"
+pytest_log="$(mktemp)"
 set +e
-python3 -m pytest "$@"
-rc=$?
+python3 -m pytest "$@" 2>&1 | tee "$pytest_log"
+rc=${PIPESTATUS[0]}
 set -e
 if [[ $rc -eq 5 ]]; then
   echo "pytest collected no tests: that is a failure here" >&2
   exit 1
 fi
-exit $rc
+if [[ $rc -ne 0 ]]; then
+  exit $rc
+fi
+
+if [[ "${MUTATION:-1}" != "0" ]]; then
+  echo ">> mutation gate (scripts/mutation.sh; the suite just passed, so no baseline run)"
+  bash scripts/mutation.sh --no-baseline
+  # the suite's own closing line last, so that whoever reads the end reads pytest's count
+  echo ">> pytest, as above:"
+  grep -E "^=* *[0-9]+ (passed|failed)" "$pytest_log" | tail -n 1 || true
+fi
+rm -f "$pytest_log"

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import importlib
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
+
+import pytest
 
 
 def set_later(fn: Callable[[], object], delay: float) -> threading.Thread:
@@ -84,3 +89,73 @@ WEATHER_TOOL = {
         },
     },
 }
+
+
+def require_module(name: str, extra: str) -> ModuleType:
+    """Import ``name`` at the top of a test module. Missing: the module is skipped with the
+    reason printed (``-ra``), except under the README's test command
+    (``ABSTRACT_CLIENT_REQUIRE_ENGINES=1``), where a missing engine is a collection error."""
+    if os.environ.get("ABSTRACT_CLIENT_REQUIRE_ENGINES") == "1":
+        try:
+            return importlib.import_module(name)
+        except ImportError as exc:
+            raise ImportError(f"{name} is required by the test command: pip install -e '.[{extra}]'") from exc
+    return pytest.importorskip(name, reason=f"{name} is missing: pip install -e '.[{extra}]'")
+
+
+def guard_of(llm: Any, request_id: str) -> Any:
+    """The ``SocketGuard`` of a call in flight (its stop hooks are the guard's bound methods)."""
+    from abstract_client.http.guard import SocketGuard
+
+    token = llm._inflight._tokens[request_id]
+    with token._lock:
+        hooks = list(token._hooks)
+    return next(h.__self__ for h in hooks if isinstance(getattr(h, "__self__", None), SocketGuard))
+
+
+# Linux TCP states (include/net/tcp_states.h) in which our side has sent its FIN.
+FIN_SENT = {4: "FIN_WAIT1", 5: "FIN_WAIT2", 6: "TIME_WAIT", 7: "CLOSE", 11: "CLOSING"}
+
+
+def tcp_state(sock: socket.socket) -> int:
+    """The kernel's TCP state of ``sock`` (``tcpi_state``, the first byte of ``struct tcp_info``).
+    A ``shutdown()`` changes it before the call returns, so reading it right after a stop says
+    whether the stopping thread itself severed the connection — no timing involved."""
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0]
+
+
+class LoopHold:
+    """A callback that holds the event loop it runs on for ``seconds`` (a loop busy with other
+    work). Stops requested meanwhile must reach the server and wake a blocked sync caller
+    without the loop: only the stopping thread can do that work."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.started = threading.Event()
+        self.free_at: float | None = None  # perf_counter when the loop was let go
+
+    def __call__(self) -> None:
+        self.started.set()
+        time.sleep(self.seconds)
+        self.free_at = time.perf_counter()
+
+    def wait_free(self, timeout: float = 30.0) -> float:
+        assert wait_until(lambda: self.free_at is not None, timeout), "the held loop never ran the hold"
+        assert self.free_at is not None
+        return self.free_at
+
+
+def needs_module(name: str, extra: str) -> pytest.MarkDecorator:
+    """A marker for the tests of a module that also holds tests of other lanes: skipped (reason
+    printed) when ``name`` is missing; under the README's test command
+    (``ABSTRACT_CLIENT_REQUIRE_ENGINES=1``) never skipped, so a missing engine fails them."""
+    import importlib.util
+
+    missing = (
+        os.environ.get("ABSTRACT_CLIENT_REQUIRE_ENGINES") != "1"
+        and importlib.util.find_spec(name.split(".")[0]) is None
+    )
+    return pytest.mark.skipif(missing, reason=f"{name} is missing: pip install -e '.[{extra}]'")
+
+
+needs_mlx = needs_module("mlx.core", "mlx")

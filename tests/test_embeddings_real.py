@@ -126,6 +126,7 @@ def test_mlx_vectors_count_tokens_and_stop() -> None:
         stats = provider.stats("emb")
         assert stats is not None
         assert provider.thread.wait_idle(30)
+        assert len(done) <= stats.tokens < len(done) + 8  # the finished batches, and at most the one cut
         # the flag seen between inputs: nothing embedded after it (or the stop came between batches)
         assert stats.tokens_at_stop is None or stats.tokens == stats.tokens_at_stop
         assert len(done) <= stats.tokens < len(done) + 8  # at most the batch in flight went unreturned

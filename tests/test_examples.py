@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from .helpers import needs_mlx
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,8 +39,8 @@ def test_swap_backends() -> None:
     assert "[openai-compatible] stopped" in out and "[ollama] stopped" in out
 
 
+@needs_mlx
 def test_main_job_demo_on_real_smollm2() -> None:
-    pytest.importorskip("mlx.core")
     out = run("demo.py", timeout=600)
     assert "Paris" in out
     assert "[stopped] reason=user" in out and "40 tokens delivered" in out

@@ -124,4 +124,5 @@ async def test_translation_happens_once(anyio_backend: str) -> None:
         read_error = httpx.ReadError("severed")
         stop = translate(call, read_error)
         assert isinstance(stop, GenerationCancelledError)
+        assert stop.reason == "user" and stop.request_id == "r1" and stop.provider == provider.name
         assert translate(call, stop) is stop

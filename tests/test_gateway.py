@@ -69,7 +69,8 @@ def test_openai_python_sync_stream_break_stops_the_upstream(
 ) -> None:
     oa = client(gateway)
     answer = oa.chat.completions.create(model="fake-model", messages=HELLO, max_tokens=5)  # type: ignore[arg-type]
-    assert answer.choices[0].message.content == "tok0 tok1 tok2 tok3 tok4 " and answer.usage is not None
+    assert answer.choices[0].message.content == "tok0 tok1 tok2 tok3 tok4 "
+    assert answer.usage is not None and answer.usage.completion_tokens == 5
     stream = oa.chat.completions.create(model="fake-model", messages=HELLO, max_tokens=500, stream=True)  # type: ignore[arg-type]
     for n, _ in enumerate(stream):
         if n == 5:

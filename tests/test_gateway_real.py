@@ -19,7 +19,7 @@ from abstract_client.gateway import BackendConfig, GatewayConfig
 from abstract_client.testing.gateway import GatewayProcess, InProcessGateway
 from abstract_client.testing.processes import LlamaServer
 
-from .helpers import launch_llama_server, wait_until
+from .helpers import launch_llama_server, needs_mlx, wait_until
 from .test_llamacpp_real import CAPITAL, assert_server_stopped
 
 STORY = [
@@ -113,9 +113,8 @@ def test_curl_max_time_through_the_gateway_to_llama_server(gateway: GatewayProce
 
 # -- in-process MLX behind the gateway -----------------------------------------------------------------
 
-mx = pytest.importorskip("mlx.core", reason="the mlx extra is part of the test install (scripts/test.sh)")
 
-
+@needs_mlx
 def test_disconnect_stops_in_process_mlx(tmp_path: Path) -> None:
     from abstract_client.assets import smollm2_mlx
     from providers.mlx import MLXProvider

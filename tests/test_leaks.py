@@ -165,16 +165,25 @@ def test_every_exit_path_releases_the_stop_sources() -> None:
     with FakeOpenAIServer(token_delay=0.002) as server:
         llm = create_llm("openai-compatible", "fake-model", base_url=server.base_url, max_retries=0)
         event = threading.Event()
+
+        def released() -> bool:  # checked after each exit: a later set() would clear any leak
+            return wait_until(lambda: listeners_on(event) == 0 and llm.in_flight == [])
+
         llm.generate("x", max_tokens=3, cancel_event=event)  # completed
+        assert released()
         for _ in llm.stream("x", max_tokens=3, cancel_event=event):  # completed stream
             pass
+        assert released()
         with llm.stream("x", max_tokens=50, cancel_event=event) as stream:  # closed early
             next(stream)
+        assert released()
         for _ in llm.stream("x", max_tokens=50, cancel_event=event):  # break: dropped mid-stream
             break
+        assert released()
         server.inject("status_500")
         with pytest.raises(ProviderError):
             llm.generate("x", cancel_event=event)  # failed
+        assert released()
         stopper = threading.Timer(0.02, event.set)
         stopper.start()
         with pytest.raises(GenerationCancelledError):

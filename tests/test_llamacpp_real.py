@@ -77,9 +77,11 @@ def assert_server_stopped(llama: LlamaServer, cancels_before: int) -> None:
 def test_generate_real_answer_with_usage_and_timings(lm: LLM) -> None:
     result = lm.generate(messages=CAPITAL, max_tokens=30, temperature=0)
     assert "Paris" in result.content
-    assert result.usage is not None and result.usage.prompt_tokens and result.usage.completion_tokens
-    assert result.timings.predicted_ms is not None and result.timings.tokens_per_s
-    assert result.timings.total_ms is not None
+    assert result.usage is not None and result.usage.prompt_tokens == lm.count_tokens(messages=CAPITAL)
+    assert result.usage.completion_tokens is not None and 0 < result.usage.completion_tokens <= 30
+    assert result.timings.predicted_ms is not None and result.timings.tokens_per_s is not None
+    assert result.timings.tokens_per_s > 0 and result.timings.total_ms is not None
+    assert result.timings.total_ms > result.timings.predicted_ms  # the client's clock holds the server's
 
 
 def test_stream_real_answer(lm: LLM) -> None:
@@ -226,7 +228,7 @@ def test_non_streaming_over_the_stream_equals_the_plain_answer(lm: LLM, raw: boo
     assert over.usage == plain.usage and over.usage is not None and over.usage.completion_tokens
     for field in ("prompt_ms", "predicted_ms", "tokens_per_s"):
         assert (getattr(over.timings, field) is None) == (getattr(plain.timings, field) is None), field
-    assert over.timings.predicted_ms is not None
+    assert over.timings.predicted_ms is not None and over.timings.predicted_ms > 0
 
 
 def test_non_streaming_stop_reaches_the_server_within_a_token(lm: LLM, llama: LlamaServer) -> None:

@@ -25,11 +25,11 @@ from abstract_client import (
     create_llm,
 )
 
-mx = pytest.importorskip("mlx.core", reason="the mlx extra is part of the test install (scripts/test.sh)")
+from .helpers import require_module, stream_in_threads
+
+mx = require_module("mlx.core", "mlx")
 from abstract_client.testing.tiny_mlx import build_tiny_llama  # noqa: E402
 from providers.mlx import MLXProvider  # noqa: E402
-
-from .helpers import stream_in_threads  # noqa: E402
 
 NO_EOS = {"logit_bias": {1: -1e9}}  # the tiny model's EOS id: generations run until max_tokens
 
@@ -65,20 +65,22 @@ def test_missing_path_is_a_clear_error_not_a_hub_lookup(tmp_path: Path) -> None:
 def test_real_answer_from_smollm2() -> None:
     from abstract_client.assets import smollm2_mlx
 
+    question = [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "What is the capital of France?"},
+    ]
     with create_llm("mlx", str(smollm2_mlx())) as llm:
         result = llm.generate(
-            messages=[
-                {"role": "system", "content": "You are a helpful assistant."},
-                {"role": "user", "content": "What is the capital of France?"},
-            ],
+            messages=question,  # type: ignore[arg-type]
             max_tokens=20,
             temperature=0,
         )
         assert "Paris" in result.content
         assert result.finish_reason == "stop"  # EOS, never emitted as text
         assert "<|im_end|>" not in result.content
-        assert result.usage is not None and result.usage.prompt_tokens and result.usage.completion_tokens
-        assert result.timings.tokens_per_s
+        assert result.usage is not None and result.usage.prompt_tokens == llm.count_tokens(messages=question)
+        assert result.usage.completion_tokens is not None and 0 < result.usage.completion_tokens <= 20
+        assert result.timings.tokens_per_s is not None and result.timings.tokens_per_s > 0
 
 
 def test_stop_mid_decode_within_two_tokens_of_the_flag(tiny: LLM) -> None:

@@ -14,11 +14,11 @@ import pytest
 
 from abstract_client import LLM, GenerateResult, GenerationCancelledError, create_llm
 
-mx = pytest.importorskip("mlx.core", reason="the mlx extra is part of the test install (scripts/test.sh)")
+from .helpers import require_module, wait_until
+
+mx = require_module("mlx.core", "mlx")
 from abstract_client.testing.tiny_mlx import build_tiny_llama  # noqa: E402
 from providers.mlx import MLXProvider  # noqa: E402
-
-from .helpers import wait_until  # noqa: E402
 
 NO_EOS = {"logit_bias": {1: -1e9}}  # only for the serial reference runs (the tiny model's EOS id)
 PROMPTS = ["hello world", "the quick brown fox", "one two three four five six", "abc"]
@@ -131,7 +131,7 @@ def test_turn_two_reuses_the_prompt_cache_and_a_stopped_request_inserts_nothing(
     p = provider(batched)
     history = [{"role": "user", "content": "Tell me about foxes. " * 10}]
     first = batched.generate(messages=history, max_tokens=12)  # type: ignore[arg-type]
-    assert first.usage is not None
+    assert first.usage is not None and first.usage.prompt_tokens == batched.count_tokens(messages=history)  # type: ignore[arg-type]
     history += [{"role": "assistant", "content": first.content}, {"role": "user", "content": "And dogs?"}]
     second = batched.generate(messages=history, max_tokens=12)  # type: ignore[arg-type]
     assert second.usage is not None and second.usage.cached_tokens is not None

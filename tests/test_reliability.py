@@ -24,7 +24,7 @@ from abstract_client import (
 )
 from abstract_client.testing import FakeLMStudioServer, FakeOllamaServer, FakeOpenAIServer
 
-from .helpers import stream_in_threads, wait_until
+from .helpers import needs_mlx, stream_in_threads, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("soak", ROOT / "benchmarks" / "soak.py")
@@ -129,8 +129,10 @@ def test_eject_under_load_on_a_fake_http_lane(fake: type) -> None:
         assert wait_until(lambda: server.open_connections() <= 2), server.open_connections()
 
 
+@needs_mlx
 def test_eject_under_load_on_the_mlx_lane(tmp_path: Path) -> None:
-    mx = pytest.importorskip("mlx.core")
+    import mlx.core as mx
+
     from abstract_client.testing.tiny_mlx import build_tiny_llama
 
     model = build_tiny_llama(tmp_path / "tiny")
@@ -151,7 +153,11 @@ def test_eject_under_load_on_the_mlx_lane(tmp_path: Path) -> None:
     errors.clear()
     gc.collect()
     assert mx.get_active_memory() - baseline < 16 * 1024
-    assert llm.generate("reloaded?", max_tokens=3).usage is not None
+    again = llm.generate("reloaded?", max_tokens=3).usage
+    # a bare prompt is sent as one user message; count_tokens(prompt) counts the text as given
+    assert again is not None and again.prompt_tokens == llm.count_tokens(
+        messages=[{"role": "user", "content": "reloaded?"}]
+    )
     llm.close()
 
 

@@ -80,7 +80,7 @@ def test_stop_during_backoff_ends_it_at_once_and_is_not_retried(server: FakeServ
         with pytest.raises(GenerationCancelledError):
             llm.generate("x", cancel_event=event)
         assert time.perf_counter() - t0 < 2.0
-    assert len(server.requests()) == 1  # the stop was never retried
+    assert len(server.requests()) == 1 and server.connections == 1  # the stop was never retried
 
 
 def test_a_stopped_call_is_never_retried(server: FakeServer, make) -> None:  # type: ignore[no-untyped-def]
@@ -89,7 +89,9 @@ def test_a_stopped_call_is_never_retried(server: FakeServer, make) -> None:  # t
         with pytest.raises(GenerationCancelledError):
             llm.generate("x", signal=_abort_after(0.2))
         time.sleep(0.3)
-    assert len(server.requests()) == 1
+    # requests AND connections: a retry severed at connect would leave a connection, no request
+    # (tests/test_stop_mechanism.py also counts the provider's attempts, in every phase)
+    assert len(server.requests()) == 1 and server.connections == 1
 
 
 def test_transport_error_after_body_sent_is_not_retried(server: FakeServer, make) -> None:  # type: ignore[no-untyped-def]

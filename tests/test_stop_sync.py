@@ -222,6 +222,7 @@ def test_completed_stream_gives_result(server: FakeServer, llm: LLM) -> None:
     assert result.finish_reason == "stop"
     assert result.usage is not None and result.usage.completion_tokens == 6
     assert result.timings.ttft_ms is not None and result.timings.total_ms is not None
+    assert 0 < result.timings.ttft_ms <= result.timings.total_ms
 
 
 def test_unload_stops_in_flight_with_model_eject(server: FakeServer, llm: LLM) -> None:

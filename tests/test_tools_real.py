@@ -25,7 +25,7 @@ from abstract_client import (
 )
 from abstract_client.testing.processes import LlamaServer
 
-from .helpers import WEATHER_TOOL, launch_llama_server
+from .helpers import WEATHER_TOOL, launch_llama_server, needs_mlx
 from .test_llamacpp_real import assert_server_stopped
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
@@ -126,8 +126,6 @@ def test_llama_server_stop_mid_structured_answer_cancels_the_task(lm: LLM, llama
 
 # -- mlx-lm in-process -------------------------------------------------------------------------------
 
-mx = pytest.importorskip("mlx.core", reason="the mlx extra is part of the test install (scripts/test.sh)")
-
 
 @pytest.fixture(scope="module")
 def mlx_llm() -> Iterator[LLM]:
@@ -137,12 +135,14 @@ def mlx_llm() -> Iterator[LLM]:
         yield llm
 
 
+@needs_mlx
 def test_mlx_constrained_decoding_gives_schema_valid_json(mlx_llm: LLM) -> None:
     result = mlx_llm.generate(messages=ask("Name a big city and its population."), response_format=CITY, max_tokens=80)
     assert isinstance(result.parsed, dict) and set(result.parsed) == {"city", "population"}
     assert isinstance(result.parsed["population"], int) and result.finish_reason == "stop"
 
 
+@needs_mlx
 def test_mlx_forced_tool_call(mlx_llm: LLM) -> None:
     with pytest.raises(NotSupportedError):
         mlx_llm.generate(messages=ask("Weather in Paris?"), tools=[WEATHER])  # no tool template
@@ -157,6 +157,7 @@ def test_mlx_forced_tool_call(mlx_llm: LLM) -> None:
     assert all(c.delta == "" for c in chunks)
 
 
+@needs_mlx
 def test_mlx_stop_mid_json_samples_nothing_after_the_flag(mlx_llm: LLM) -> None:
     from providers.mlx import MLXProvider
 
@@ -190,6 +191,7 @@ def test_mlx_stop_mid_json_samples_nothing_after_the_flag(mlx_llm: LLM) -> None:
     assert mlx_llm.generate(messages=ask("Name a big city."), response_format=CITY, max_tokens=80).parsed
 
 
+@needs_mlx
 def test_mlx_preset_stop_with_a_schema_builds_nothing(tmp_path: Path) -> None:
     from abstract_client.assets import smollm2_mlx
 

@@ -84,11 +84,12 @@ def assert_vllm_stopped(vllm: VLLMServer) -> None:
 def test_real_answers_with_usage(lm: LLM) -> None:
     result = lm.generate(messages=CAPITAL, max_tokens=20, temperature=0)
     assert "Paris" in result.content
-    assert result.usage is not None and result.usage.prompt_tokens and result.usage.completion_tokens
+    assert result.usage is not None and result.usage.prompt_tokens == lm.count_tokens(messages=CAPITAL)
+    assert result.usage.completion_tokens is not None and 0 < result.usage.completion_tokens <= 20
     with lm.stream(messages=CAPITAL, max_tokens=20, temperature=0) as stream:
         text = "".join(c.delta for c in stream)
     assert "Paris" in text
-    assert stream.result().usage is not None
+    assert stream.result().usage == result.usage  # the same greedy answer, counted the same
 
 
 @pytest.mark.parametrize("raw", [False, True], ids=["chat", "raw"])
