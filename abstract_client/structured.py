@@ -11,6 +11,7 @@ validation of what comes back. Pure functions: no I/O, no engine.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import inspect
 import json
@@ -58,22 +59,30 @@ def _tool_spec(tool: Any) -> dict[str, Any]:
 
 def function_tool(fn: Callable[..., Any]) -> dict[str, Any]:
     """The OpenAI tool spec of a Python function: parameters from its type hints (a parameter
-    without a default is required), description from the docstring's first paragraph."""
-    hints = typing.get_type_hints(fn)
-    properties: dict[str, Any] = {}
-    required: list[str] = []
+    without a default is required), description from the docstring's first paragraph.
+
+    With pydantic installed (the ``dev`` extra has it; most users do) the parameters' schema is
+    pydantic's own (``create_model`` over the signature): tuples, TypedDicts, dataclasses,
+    nested models, Literal, Optional and Annotated constraints come out as pydantic users expect,
+    with ``$defs``. Without it, :func:`type_schema` covers the common hints."""
+    hints = typing.get_type_hints(fn, include_extras=True)
+    fields: dict[str, tuple[Any, Any]] = {}
     for name, param in inspect.signature(fn).parameters.items():
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             continue
-        properties[name] = type_schema(hints.get(name, Any))
-        if param.default is inspect.Parameter.empty:
-            required.append(name)
-    parameters: dict[str, Any] = {
-        "type": "object",
-        "properties": properties,
-        "required": required,
-        "additionalProperties": False,
-    }
+        default = ... if param.default is inspect.Parameter.empty else param.default
+        fields[name] = (hints.get(name, Any), default)
+    parameters = _pydantic_parameters(fn.__name__, fields)
+    if parameters is None:
+        defs: dict[str, Any] = {}
+        parameters = {
+            "type": "object",
+            "properties": {name: type_schema(tp, defs) for name, (tp, _) in fields.items()},
+            "required": [name for name, (_, default) in fields.items() if default is ...],
+        }
+        if defs:
+            parameters["$defs"] = defs
+    parameters["additionalProperties"] = False  # strict: a call may not invent arguments
     spec: dict[str, Any] = {"name": fn.__name__, "parameters": parameters}
     doc = inspect.getdoc(fn)
     if doc:
@@ -81,12 +90,44 @@ def function_tool(fn: Callable[..., Any]) -> dict[str, Any]:
     return {"type": "function", "function": spec}
 
 
+def _pydantic_parameters(name: str, fields: dict[str, tuple[Any, Any]]) -> dict[str, Any] | None:
+    """pydantic's JSON schema of the arguments, or None without pydantic."""
+    try:
+        import warnings
+
+        import pydantic
+        from pydantic.json_schema import PydanticJsonSchemaWarning
+    except ImportError:
+        return None
+    try:
+        model = pydantic.create_model(f"{name}_arguments", **fields)  # type: ignore[call-overload]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", PydanticJsonSchemaWarning)  # a default JSON cannot hold is left out
+            schema: dict[str, Any] = model.model_json_schema()
+    except pydantic.PydanticUserError as exc:
+        if exc.code == "typed-dict-version":  # typing.TypedDict on Python < 3.12: ours can read it
+            return None
+        raise TypeError(f"no JSON schema for the parameters of {name}(): {exc}") from exc
+    except pydantic.PydanticSchemaGenerationError as exc:
+        raise TypeError(f"no JSON schema for the parameters of {name}(): {exc}") from exc
+    schema.pop("title", None)
+    for prop in schema.get("properties", {}).values():
+        prop.pop("title", None)  # "City" for city: noise in every prompt
+    schema.setdefault("required", [])
+    return schema
+
+
 _SIMPLE = {str: "string", int: "integer", float: "number", bool: "boolean", type(None): "null"}
 
 
-def type_schema(tp: Any) -> dict[str, Any]:
-    """JSON schema of a type hint: str/int/float/bool/None, list/tuple/dict, Literal, Optional
-    and unions, Enum subclasses, pydantic models; anything else accepts any value."""
+def type_schema(tp: Any, defs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """JSON schema of a type hint without pydantic: str/int/float/bool/None, list/set, tuples
+    (fixed and ``tuple[X, ...]``), dict, Literal, Optional and unions, Enum subclasses, TypedDicts
+    and dataclasses (their fields), pydantic models; anything else accepts any value.
+
+    A pydantic model's ``$defs`` are moved into ``defs`` (its ``$ref``s point at the root of the
+    document the schema ends up in: pass the same dict for every part, and put it at the root)."""
+    defs = {} if defs is None else defs
     if tp in _SIMPLE:
         return {"type": _SIMPLE[tp]}
     if tp is Any:
@@ -95,19 +136,42 @@ def type_schema(tp: Any) -> dict[str, Any]:
         return {"enum": [m.value for m in tp]}
     if inspect.isclass(tp) and hasattr(tp, "model_json_schema"):
         schema: dict[str, Any] = tp.model_json_schema()
+        defs.update(schema.pop("$defs", {}))
         return schema
+    if typing.is_typeddict(tp) or dataclasses.is_dataclass(tp):
+        hints = typing.get_type_hints(tp)
+        return {
+            "type": "object",
+            "properties": {k: type_schema(v, defs) for k, v in hints.items()},
+            "required": _required_fields(tp, hints),
+        }
     origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Annotated:
+        return type_schema(args[0], defs)
     if origin is typing.Literal:
         return {"enum": list(args)}
     if origin in (typing.Union, types.UnionType):
-        return {"anyOf": [type_schema(a) for a in args]}
+        return {"anyOf": [type_schema(a, defs) for a in args]}
+    if origin is tuple and args and args[-1] is not Ellipsis:
+        n = len(args)
+        return {"type": "array", "prefixItems": [type_schema(a, defs) for a in args], "minItems": n, "maxItems": n}
     if origin in (list, tuple, set, frozenset) or tp in (list, tuple, set):
-        return {"type": "array", "items": type_schema(args[0])} if args else {"type": "array"}
+        return {"type": "array", "items": type_schema(args[0], defs)} if args else {"type": "array"}
     if origin is dict or tp is dict:
-        return (
-            {"type": "object", "additionalProperties": type_schema(args[1])} if len(args) == 2 else {"type": "object"}
-        )
+        if len(args) == 2:
+            return {"type": "object", "additionalProperties": type_schema(args[1], defs)}
+        return {"type": "object"}
     return {}
+
+
+def _required_fields(tp: Any, hints: dict[str, Any]) -> list[str]:
+    if dataclasses.is_dataclass(tp):
+        return [
+            f.name
+            for f in dataclasses.fields(tp)
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        ]
+    return sorted(getattr(tp, "__required_keys__", hints))
 
 
 def normalize_tool_choice(choice: ToolChoice, tools: list[dict[str, Any]] | None) -> ToolChoice:

@@ -99,8 +99,9 @@ def test_a_stop_is_translated_once_and_chains_the_transport_failure(server: Fake
     threading.Timer(0.1, controller.abort).start()
     with pytest.raises(GenerationCancelledError) as info:
         llm.generate("x", max_tokens=1000, signal=controller.signal)
-    # Which surfaces first — the severed read, or the stop waking the caller — is a race; either
-    # way there is one translation: no cause, or the transport failure itself.
+    # Rule 4 as documented: the cause is the failure that ended the wait, if one did; a sync
+    # caller is normally woken by the stop before anything fails (no cause; pinned with the
+    # loop held in test_stop_mechanism), unless the loop already had the failed read in hand.
     cause = info.value.__cause__
     assert cause is None or isinstance(cause, httpx.HTTPError), repr(cause)
 

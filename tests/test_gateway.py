@@ -347,3 +347,32 @@ max_concurrent = 1
                 oa.chat.completions.create(model="nope", messages=HELLO)  # type: ignore[arg-type]
             unloaded = httpx.post(gw.url + "/v1/models/unload", json={"model": "llama3"}, timeout=30)
             assert unloaded.status_code == 200 and unloaded.json()["server_unloaded"] is True
+
+
+@pytest.mark.parametrize("name", ['a"b', "back\\slash", "new\nline", "plain"])
+def test_metrics_page_parses_whatever_a_backend_is_called(upstream: FakeOpenAIServer, name: str) -> None:
+    """/metrics is written by prometheus_client: label values are escaped, and the page parses
+    with its own parser, with the counts the requests made."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from abstract_client.gateway import BackendConfig, GatewayConfig
+    from abstract_client.testing.gateway import InProcessGateway
+
+    config = GatewayConfig(
+        backends=[
+            BackendConfig(name=name, provider="openai-compatible", model="fake-model", base_url=upstream.base_url)
+        ]
+    )
+    with InProcessGateway(config) as gw:
+        body = {"model": name, "messages": HELLO, "max_tokens": 3}
+        assert httpx.post(gw.url + "/v1/chat/completions", json=body, timeout=30).status_code == 200
+        page = httpx.get(gw.url + "/metrics", timeout=30)
+    assert page.headers["content-type"].startswith("text/plain; version=")
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(page.text)
+        for s in family.samples
+    }
+    key = ("abstract_client_gateway_requests_total", (("backend", name), ("endpoint", "chat"), ("status", "200")))
+    assert samples[key] == 1.0
+    assert samples[("abstract_client_gateway_requests_running", (("backend", name),))] == 0.0

@@ -21,6 +21,7 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 
 from abstract_client import (
@@ -102,6 +103,7 @@ def test_sync_stop_with_the_loop_held_severs_and_wakes_from_the_stopping_thread(
     raised_at = time.perf_counter()
     free_at = stopper.check(server)
     assert raised_at < free_at, "the sync caller waited for the loop instead of being woken by the stop"
+    assert info.value.__cause__ is None  # rule 4: woken by the stop itself, before anything failed
     assert info.value.reason == "user" and ANSWER.startswith(info.value.partial_text)
     assert wait_until(lambda: llm.in_flight == [], 10)  # the loop closed up behind the caller
 
@@ -124,6 +126,8 @@ async def test_async_stop_with_the_loop_held_severs_from_the_stopping_thread(
                     pass
     stopper.check(server)
     assert info.value.reason == "user" and ANSWER.startswith(info.value.partial_text)
+    cause = info.value.__cause__  # rule 4: the read the sever ended, or none (a chunk already in hand)
+    assert cause is None or isinstance(cause, httpx.HTTPError), repr(cause)
     assert llm.in_flight == []
 
 

@@ -3,10 +3,11 @@ and the pure pieces: assembler, think splitter, schemas, validation, ``continue_
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from enum import Enum
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 import pytest
 from hypothesis import given
@@ -113,21 +114,100 @@ class Unit(Enum):
     F = "fahrenheit"
 
 
-def test_function_tool_schema_from_type_hints() -> None:
-    def forecast(city: str, days: int, unit: Unit = Unit.C, hourly: bool | None = None, tags: list[str] = []) -> str:  # noqa: B006
-        """Forecast for a city.
+def forecast(city: str, days: int, unit: Unit = Unit.C, hourly: bool | None = None, tags: list[str] = []) -> str:  # noqa: B006
+    """Forecast for a city.
 
-        Longer text that is not the description."""
-        return ""
+    Longer text that is not the description."""
+    return ""
 
+
+@pytest.fixture(params=["pydantic", "plain"])
+def derive(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Schemas derived by pydantic (installed here), and by the fallback used without it."""
+    if request.param == "plain":
+        import abstract_client.structured as structured
+
+        monkeypatch.setattr(structured, "_pydantic_parameters", lambda name, fields: None)
+    return str(request.param)
+
+
+def accepts(schema: dict[str, Any], value: Any) -> bool:
+    import jsonschema
+
+    validator = jsonschema.validators.validator_for(schema)
+    validator.check_schema(schema)
+    return validator(schema).is_valid(value)
+
+
+def test_function_tool_schema_from_type_hints(derive: str) -> None:
     spec = function_tool(forecast)["function"]
     assert spec["name"] == "forecast" and spec["description"] == "Forecast for a city."
     params = spec["parameters"]
-    assert params["required"] == ["city", "days"] and params["additionalProperties"] is False
-    assert params["properties"]["days"] == {"type": "integer"}
-    assert params["properties"]["unit"] == {"enum": ["celsius", "fahrenheit"]}
-    assert params["properties"]["hourly"] == {"anyOf": [{"type": "boolean"}, {"type": "null"}]}
-    assert params["properties"]["tags"] == {"type": "array", "items": {"type": "string"}}
+    assert sorted(params["required"]) == ["city", "days"] and params["additionalProperties"] is False
+    assert accepts(params, {"city": "Paris", "days": 3, "unit": "fahrenheit", "hourly": None, "tags": ["a"]})
+    for bad in (
+        {"city": "Paris"},  # days is required
+        {"city": "Paris", "days": "3"},
+        {"city": "Paris", "days": 3, "unit": "kelvin"},
+        {"city": "Paris", "days": 3, "hourly": "yes"},
+        {"city": "Paris", "days": 3, "tags": [1]},
+        {"city": "Paris", "days": 3, "extra": 1},  # strict: no invented arguments
+    ):
+        assert not accepts(params, bad), bad
+
+
+class Point(TypedDict):
+    x: int
+    y: int
+
+
+@dataclasses.dataclass
+class Box:
+    label: str
+    size: float = 1.0
+
+
+class Owner(BaseModel):
+    name: str
+    boxes: list[Box]
+
+
+def test_function_tool_schemas_for_tuples_typeddicts_dataclasses_and_models(derive: str) -> None:
+    def place(
+        at: tuple[int, str],
+        corners: tuple[Point, ...],
+        box: Box,
+        mode: Literal["fast", "slow"],
+        owner: Owner | None = None,
+    ) -> None:
+        """Place a box."""
+
+    params = function_tool(place)["function"]["parameters"]
+    good = {"at": [1, "a"], "corners": [{"x": 1, "y": 2}], "box": {"label": "b"}, "mode": "fast"}
+    assert accepts(params, good)
+    assert accepts(params, {**good, "owner": {"name": "o", "boxes": [{"label": "c", "size": 2.5}]}})
+    assert accepts(params, {**good, "owner": None})
+    for bad in (
+        {**good, "at": [1, 2]},  # a tuple's second item is a string
+        {**good, "at": [1, "a", 3]},  # and it has exactly two
+        {**good, "corners": [{"x": 1}]},  # a Point needs y
+        {**good, "box": {"size": 2.0}},  # a Box needs its label
+        {**good, "mode": "medium"},
+        {**good, "owner": {"name": "o", "boxes": [{"size": 1}]}},
+    ):
+        assert not accepts(params, bad), bad
+
+
+class Opaque:
+    """No JSON schema can say what this is."""
+
+
+def test_function_tool_refuses_a_parameter_without_a_schema() -> None:
+    def use(thing: Opaque) -> None:
+        """Use it."""
+
+    with pytest.raises(TypeError, match="no JSON schema"):
+        function_tool(use)
 
 
 def test_bad_arguments_are_typed_before_anything_is_sent() -> None:
@@ -525,4 +605,5 @@ def test_tool_literal_type_and_typed_result_fields() -> None:
     def pick(color: Literal["red", "blue"]) -> None:
         """Pick a color."""
 
-    assert function_tool(pick)["function"]["parameters"]["properties"]["color"] == {"enum": ["red", "blue"]}
+    color = function_tool(pick)["function"]["parameters"]["properties"]["color"]
+    assert color["enum"] == ["red", "blue"] and accepts(color, "red") and not accepts(color, "green")

@@ -1,8 +1,9 @@
 """Rules 4, 5 and 8: what the caller sees when something comes out of a backend.
 
-* Rule 4: any failure while the stop is set IS the stop: one ``GenerationCancelledError`` whose
-  ``__cause__`` is the failure itself (the severed read, the transport error) — translated once,
-  never a stop wrapped in a stop.
+* Rule 4: any failure while the stop is set IS the stop: one ``GenerationCancelledError``,
+  translated once, never a stop wrapped in a stop. Its ``__cause__`` is that failure (the read
+  the sever ended) when one surfaced; a stop that ended the wait before anything failed (a sync
+  caller woken by the stop itself, a pre-set stop, a cancelled scope) has no cause.
 * Rule 5: a framework cancellation (or KeyboardInterrupt/SystemExit) severs and passes unchanged.
 * Rule 8: every error carries the partial text, token count, usage, provider, model, request id.
 """

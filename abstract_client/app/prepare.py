@@ -1,23 +1,27 @@
 """``abstract-client prepare``: build or fetch the real engines, with a progress bar.
 
-The build steps themselves live in ``scripts/`` (used by CI too); this wraps them for people:
-llama-server's CMake ``[ NN%]`` lines drive a progress bar, the vLLM venv gets a spinner.
+The build steps are shell scripts shipped inside the package (``engines/``, package data: a
+wheel has them, no checkout needed; the checkout's ``scripts/get_*.sh`` call the same files).
+This wraps them for people: llama-server's CMake ``[ NN%]`` lines drive a progress bar, the vLLM
+venv gets a spinner.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+ENGINES = Path(__file__).resolve().parent / "engines"
 _PERCENT = re.compile(r"\[\s*(\d+)%\]")
 
 
 def _script(name: str) -> Path:
-    path = SCRIPTS / name
-    if not path.exists():
-        raise FileNotFoundError(f"{path} not found: `prepare` needs a source checkout of abstract-client")
+    path = ENGINES / name
+    if not path.is_file():  # a broken install: the package data is part of every wheel
+        raise FileNotFoundError(f"{path} is missing from the installed package")
     return path
 
 
@@ -49,7 +53,8 @@ def _run_with_progress(argv: list[str], description: str) -> Path:
         console=console,
     ) as bar:
         task = bar.add_task(description, total=100)
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        env = {**os.environ, "ABSTRACT_CLIENT_PYTHON": sys.executable}  # the scripts' Python has us
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         assert proc.stderr is not None and proc.stdout is not None
         tail: list[str] = []
         for line in proc.stderr:

@@ -23,7 +23,7 @@ from typing import Any
 import anyio
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
@@ -426,7 +426,9 @@ def create_app(config: GatewayConfig) -> Starlette:
         return JSONResponse({"status": "ok", "in_flight": len(gateway.flights)})
 
     async def metrics(request: Request) -> Response:
-        return PlainTextResponse(gateway.metrics.render(list(gateway.backends)), media_type="text/plain; version=0.0.4")
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        return Response(gateway.metrics.render(list(gateway.backends)), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def cancel(request: Request) -> Response:
         flight = gateway.flights.get(request.path_params["request_id"])

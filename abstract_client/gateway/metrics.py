@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict, deque
+from collections.abc import Iterator
+from typing import Any
 
 BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 PREFIX = "abstract_client_gateway"
@@ -47,24 +49,49 @@ class Metrics:
             self.rejected[backend] += 1
 
     def render(self, backends: list[str]) -> str:
+        """The Prometheus text exposition format, written by ``prometheus_client`` (label values
+        escaped: a backend may be named anything)."""
+        from prometheus_client import CollectorRegistry, generate_latest
+
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Snapshot(self, backends))
+        return generate_latest(registry).decode()
+
+    def families(self, backends: list[str]) -> list[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
         with self._lock:
-            lines = [f"# TYPE {PREFIX}_requests_running gauge"]
-            lines += [f'{PREFIX}_requests_running{{backend="{b}"}} {self.running[b]}' for b in backends]
-            lines.append(f"# TYPE {PREFIX}_requests_total counter")
-            lines += [
-                f'{PREFIX}_requests_total{{backend="{b}",endpoint="{e}",status="{s}"}} {n}'
-                for (b, e, s), n in sorted(self.requests.items())
-            ]
-            lines.append(f"# TYPE {PREFIX}_stops_total counter")
-            lines += [
-                f'{PREFIX}_stops_total{{backend="{b}",reason="{r}"}} {n}' for (b, r), n in sorted(self.stops.items())
-            ]
-            lines.append(f"# TYPE {PREFIX}_queue_rejected_total counter")
-            lines += [f'{PREFIX}_queue_rejected_total{{backend="{b}"}} {self.rejected[b]}' for b in backends]
-            lines.append(f"# TYPE {PREFIX}_stop_to_engine_stopped_seconds histogram")
-            for bound, n in zip(BUCKETS, self._buckets, strict=True):
-                lines.append(f'{PREFIX}_stop_to_engine_stopped_seconds_bucket{{le="{bound}"}} {n}')
-            lines.append(f'{PREFIX}_stop_to_engine_stopped_seconds_bucket{{le="+Inf"}} {self._count}')
-            lines.append(f"{PREFIX}_stop_to_engine_stopped_seconds_sum {self._sum:.6f}")
-            lines.append(f"{PREFIX}_stop_to_engine_stopped_seconds_count {self._count}")
-        return "\n".join(lines) + "\n"
+            running = GaugeMetricFamily(f"{PREFIX}_requests_running", "Requests in flight", labels=["backend"])
+            for b in backends:
+                running.add_metric([b], self.running[b])
+            requests = CounterMetricFamily(
+                f"{PREFIX}_requests", "Requests answered", labels=["backend", "endpoint", "status"]
+            )
+            for (b, e, st), n in sorted(self.requests.items()):
+                requests.add_metric([b, e, str(st)], n)
+            stops = CounterMetricFamily(
+                f"{PREFIX}_stops", "Generations stopped, by reason", labels=["backend", "reason"]
+            )
+            for (b, r), n in sorted(self.stops.items()):
+                stops.add_metric([b, r], n)
+            rejected = CounterMetricFamily(
+                f"{PREFIX}_queue_rejected", "Requests refused by a full queue (503)", labels=["backend"]
+            )
+            for b in backends:
+                rejected.add_metric([b], self.rejected[b])
+            chain = HistogramMetricFamily(
+                f"{PREFIX}_stop_to_engine_stopped_seconds", "From the stop seen to the engine stopped"
+            )
+            cumulative = [(str(bound), n) for bound, n in zip(BUCKETS, self._buckets, strict=True)]
+            chain.add_metric([], [*cumulative, ("+Inf", self._count)], sum_value=self._sum)
+        return [running, requests, stops, rejected, chain]
+
+
+class _Snapshot:
+    """A ``prometheus_client`` collector over the counts above (read under their lock)."""
+
+    def __init__(self, metrics: Metrics, backends: list[str]) -> None:
+        self._metrics, self._backends = metrics, backends
+
+    def collect(self) -> Iterator[Any]:
+        yield from self._metrics.families(self._backends)
