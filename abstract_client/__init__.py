@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from .abort import AbortController, AbortSignal
+from ._sync import SyncGenerationStream
 from .contract import GenerationStream
 from .errors import (
     AbortError,
@@ -24,12 +24,12 @@ from .errors import (
     ServerUnavailableError,
     TransportError,
 )
-from .history import continue_after
 from .llm import LLM
+from .output.history import continue_after
+from .output.structured import function_tool
 from .provider import CallContext, Completion, EmbeddingBatch, ModelInfo, Provider, UnloadReport
 from .registry import available_providers, create_llm, register_provider
-from .structured import function_tool
-from .sync_stream import SyncGenerationStream
+from .stopping.abort import AbortController, AbortSignal
 from .types import (
     ContentPart,
     EmbeddingResult,

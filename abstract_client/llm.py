@@ -18,24 +18,23 @@ from typing import Any, TypeVar
 
 import anyio
 
-from ._portal import Portal
-from .abort import AbortSignal
+from ._sync import Portal, SyncGenerationStream
 from .contract import (
     Call,
     CallSpec,
     GenerationStream,
+    cancelled,
     operation_spec,
     run_embedding,
     run_generation,
     run_operation,
-    stopped_error,
 )
+from .contract.retry import RetryPolicy
 from .errors import AbstractClientError, ModelBusyError, StopReason
-from .http.retry import RetryPolicy
+from .output.structured import normalize_tool_choice, normalize_tools, response_format_from
 from .provider import ModelInfo, Provider, UnloadReport
-from .stop import InflightRegistry, StopToken
-from .structured import normalize_tool_choice, normalize_tools, response_format_from
-from .sync_stream import SyncGenerationStream
+from .stopping.abort import AbortSignal
+from .stopping.token import InflightRegistry, StopToken
 from .types import EmbeddingResult, GenerateResult, GenerationRequest, Message, Timeout
 
 T = TypeVar("T")
@@ -193,7 +192,7 @@ class LLM:
             lambda: run_generation(call),
             on_interrupt=call.token.stop,
             stop=call.token,
-            stopped_error=lambda: stopped_error(call),
+            stopped_error=lambda: cancelled(call),
         )
 
     async def agenerate(
@@ -360,7 +359,7 @@ class LLM:
             lambda: run_embedding(call, inputs, batch_size=size, dimensions=dimensions),
             on_interrupt=call.token.stop,
             stop=call.token,
-            stopped_error=lambda: stopped_error(call),
+            stopped_error=lambda: cancelled(call),
         )
 
     async def aembed(

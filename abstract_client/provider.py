@@ -18,7 +18,7 @@ import httpx
 
 from .errors import NotSupportedError
 from .http.transport import HttpClients
-from .stop import StopToken
+from .stopping.token import StopToken
 from .types import GenerationRequest, StreamChunk, Timings, ToolCallDelta, Usage
 
 

@@ -78,7 +78,7 @@ def main() -> None:
 
         model = str(build_tiny_llama(Path(tempfile.mkdtemp())))
     else:
-        from abstract_client.assets import smollm2_mlx
+        from abstract_client.app.assets import smollm2_mlx
 
         model = str(smollm2_mlx())
     rows = []

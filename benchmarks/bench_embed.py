@@ -123,7 +123,7 @@ def main() -> None:
         finally:
             server.stop()
     if args.mlx:
-        from abstract_client.assets import smollm2_mlx
+        from abstract_client.app.assets import smollm2_mlx
 
         with create_llm("mlx", str(smollm2_mlx())) as llm:
             llm.embed("warm up")

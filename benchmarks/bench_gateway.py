@@ -81,7 +81,7 @@ def disconnect_to_sever(upstream: FakeOpenAIServer, gateway_url: str, n: int) ->
 
 
 def mlx_chain(n: int) -> list[float]:
-    from abstract_client.assets import smollm2_mlx
+    from abstract_client.app.assets import smollm2_mlx
     from abstract_client.gateway import BackendConfig, GatewayConfig
     from abstract_client.testing.gateway import InProcessGateway
 

@@ -23,7 +23,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from _tables import pct, print_table
 
 from abstract_client import LLM, GenerationCancelledError, OutputValidationError, create_llm
-from abstract_client.assets import smollm2_mlx
+from abstract_client.app.assets import smollm2_mlx
 
 SCHEMA = {
     "type": "object",
@@ -54,7 +54,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=120)
     parser.add_argument("--stops", type=int, default=20)
     args = parser.parse_args()
-    import providers.mlx_output as shaping
+    import providers._mlx.output as shaping
 
     mask_ms: list[float] = []
     original = shaping.GrammarProcessor.__call__

@@ -17,7 +17,7 @@ decode is still running at the deadline, ``ModelBusyError`` and nothing is freed
 reference is dropped on the MLX thread, ``gc.collect()``, ``mx.clear_cache()``, and the report
 carries ``mx.get_active_memory()`` before and after. The next call reloads (with a WARNING).
 
-``max_batch_size > 1``: concurrent calls share decode steps (``mlx_batch.py``), each with its
+``max_batch_size > 1``: concurrent calls share decode steps (``_mlx/batch.py``), each with its
 own stop; a stop removes only that sequence at the next batch step.
 """
 
@@ -37,8 +37,6 @@ from typing import Any
 
 import anyio
 
-from abstract_client._loop import loop_caller
-from abstract_client.engine_thread import EngineThread
 from abstract_client.errors import (
     ModelBusyError,
     ModelNotFoundError,
@@ -46,13 +44,15 @@ from abstract_client.errors import (
     ProviderAPIError,
     ProviderProtocolError,
 )
+from abstract_client.output.stop_sequences import StopStrings
 from abstract_client.provider import CallContext, Completion, EmbeddingBatch, ModelInfo, Provider, UnloadReport
-from abstract_client.stop import StopToken
-from abstract_client.stop_strings import StopStrings
+from abstract_client.stopping._loop import loop_caller
+from abstract_client.stopping.token import StopToken
 from abstract_client.types import GenerationRequest, StreamChunk, Timings, Usage
 
-from .mlx_batch import BatchEngine, Sequence, runs_alone
-from .mlx_output import GrammarProcessor, OutputShaper, chat_messages
+from ._engine import EngineThread
+from ._mlx.batch import BatchEngine, Sequence, runs_alone
+from ._mlx.output import GrammarProcessor, OutputShaper, chat_messages
 
 log = logging.getLogger(__name__)
 _END = object()
@@ -119,7 +119,7 @@ class MLXProvider(Provider):
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be >= 1")
         # max_batch_size=1: the serial engine (one stream_generate at a time); more: continuous
-        # batching with a bounded prompt cache (mlx_batch.py)
+        # batching with a bounded prompt cache (_mlx/batch.py)
         self.batch = (
             BatchEngine(self, max_batch_size=max_batch_size, prompt_cache_bytes=prompt_cache_bytes)
             if max_batch_size > 1

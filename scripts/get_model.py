@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from abstract_client.assets import smollm2_gguf, smollm2_mlx
+from abstract_client.app.assets import smollm2_gguf, smollm2_mlx
 
 if __name__ == "__main__":
     print(smollm2_mlx() if "--mlx" in sys.argv else smollm2_gguf())

@@ -110,9 +110,9 @@ def test_a_stop_is_translated_once_and_chains_the_transport_failure(server: Fake
 async def test_translation_happens_once(anyio_backend: str) -> None:
     """Rule 4 as a unit: a failure while the stop is set becomes the stop; the stop itself passes
     through unchanged (so retries and outer scopes never wrap a stop in a stop)."""
-    from abstract_client._contract import Call, CallSpec, translate
-    from abstract_client.http.retry import RetryPolicy
-    from abstract_client.stop import InflightRegistry, StopToken
+    from abstract_client.contract import Call, CallSpec, translate
+    from abstract_client.contract.retry import RetryPolicy
+    from abstract_client.stopping.token import InflightRegistry, StopToken
     from abstract_client.testing import FakeOpenAIServer
     from abstract_client.types import GenerationRequest, Timeout
     from providers.openai_compatible import OpenAICompatibleProvider

@@ -116,7 +116,7 @@ def test_curl_max_time_through_the_gateway_to_llama_server(gateway: GatewayProce
 
 @needs_mlx
 def test_disconnect_stops_in_process_mlx(tmp_path: Path) -> None:
-    from abstract_client.assets import smollm2_mlx
+    from abstract_client.app.assets import smollm2_mlx
     from providers.mlx import MLXProvider
 
     config = GatewayConfig(backends=[BackendConfig(name="smollm2", provider="mlx", model=str(smollm2_mlx()))])

@@ -17,7 +17,7 @@ from abstract_client import (
     ProviderError,
     create_llm,
 )
-from abstract_client.event_hook import listeners_on
+from abstract_client.stopping.event_hook import listeners_on
 from abstract_client.testing import FakeOpenAIServer
 
 from .helpers import open_fds, wait_until

@@ -63,7 +63,7 @@ def test_missing_path_is_a_clear_error_not_a_hub_lookup(tmp_path: Path) -> None:
 
 
 def test_real_answer_from_smollm2() -> None:
-    from abstract_client.assets import smollm2_mlx
+    from abstract_client.app.assets import smollm2_mlx
 
     question = [
         {"role": "system", "content": "You are a helpful assistant."},

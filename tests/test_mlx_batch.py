@@ -195,7 +195,7 @@ def test_a_seeded_sampling_request_runs_alone_and_is_reproducible(batched: LLM) 
 
 
 def test_smollm2_two_concurrent_greedy_answers_equal_alone() -> None:
-    from abstract_client.assets import smollm2_mlx
+    from abstract_client.app.assets import smollm2_mlx
 
     question = [
         {"role": "system", "content": "You are a helpful assistant."},

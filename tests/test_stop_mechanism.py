@@ -31,11 +31,11 @@ from abstract_client import (
     ServerUnavailableError,
     create_llm,
 )
-from abstract_client._contract.call import Call, CallSpec
-from abstract_client._contract.run import with_retries
-from abstract_client._loop import loop_caller
-from abstract_client.http.retry import RetryPolicy
-from abstract_client.stop import InflightRegistry, StopToken
+from abstract_client.contract.call import Call, CallSpec
+from abstract_client.contract.retry import RetryPolicy
+from abstract_client.contract.run import with_retries
+from abstract_client.stopping._loop import loop_caller
+from abstract_client.stopping.token import InflightRegistry, StopToken
 from abstract_client.testing import FakeServer
 from abstract_client.types import GenerationRequest, Timeout
 

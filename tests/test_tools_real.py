@@ -129,7 +129,7 @@ def test_llama_server_stop_mid_structured_answer_cancels_the_task(lm: LLM, llama
 
 @pytest.fixture(scope="module")
 def mlx_llm() -> Iterator[LLM]:
-    from abstract_client.assets import smollm2_mlx
+    from abstract_client.app.assets import smollm2_mlx
 
     with create_llm("mlx", str(smollm2_mlx())) as llm:
         yield llm
@@ -193,7 +193,7 @@ def test_mlx_stop_mid_json_samples_nothing_after_the_flag(mlx_llm: LLM) -> None:
 
 @needs_mlx
 def test_mlx_preset_stop_with_a_schema_builds_nothing(tmp_path: Path) -> None:
-    from abstract_client.assets import smollm2_mlx
+    from abstract_client.app.assets import smollm2_mlx
 
     with create_llm("mlx", str(smollm2_mlx())) as llm:
         stop = threading.Event()

@@ -26,9 +26,9 @@ from abstract_client import (
     function_tool,
 )
 from abstract_client.http.mapping import error_from_response
+from abstract_client.output.tags import ThinkSplitter
+from abstract_client.output.tool_calls import ToolCallAssembler
 from abstract_client.testing import FakeLMStudioServer, FakeOllamaServer, FakeOpenAIServer
-from abstract_client.think import ThinkSplitter
-from abstract_client.tool_calls import ToolCallAssembler
 
 from .helpers import wait_until
 
@@ -125,7 +125,7 @@ def forecast(city: str, days: int, unit: Unit = Unit.C, hourly: bool | None = No
 def derive(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Schemas derived by pydantic (installed here), and by the fallback used without it."""
     if request.param == "plain":
-        import abstract_client.structured as structured
+        import abstract_client.output.structured as structured
 
         monkeypatch.setattr(structured, "_pydantic_parameters", lambda name, fields: None)
     return str(request.param)

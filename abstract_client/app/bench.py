@@ -17,10 +17,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ..abort import AbortController
 from ..errors import GenerationCancelledError
 from ..llm import LLM
 from ..registry import create_llm
+from ..stopping.abort import AbortController
 
 CASES = ("stream", "non-stream", "prefill")
 Row = dict[str, Any]
@@ -168,7 +168,7 @@ def lane_mlx(n: int) -> list[Row]:
         import mlx.core  # noqa: F401
     except ImportError as exc:
         raise _Skip("mlx is not installed (pip install 'abstract-client[mlx]')") from exc
-    from ..assets import smollm2_mlx
+    from .assets import smollm2_mlx
 
     out: dict[str, tuple[list[float], str]] = {}
     with create_llm("mlx", str(smollm2_mlx()), prefill_step_size=64) as llm:

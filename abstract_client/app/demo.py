@@ -23,7 +23,7 @@ QUESTION: list[Message] = [
 
 
 def run_demo(stop_after_tokens: int = 40, out: TextIO | None = None) -> int:
-    from ..assets import smollm2_mlx
+    from .assets import smollm2_mlx
 
     write = (out or sys.stdout).write
     model_dir = smollm2_mlx()

@@ -26,7 +26,7 @@ def _script(name: str) -> Path:
 
 
 def prepare(what: str) -> Path:
-    from ..assets import smollm2_gguf, smollm2_mlx
+    from .assets import smollm2_gguf, smollm2_mlx
 
     if what == "smollm2":
         return smollm2_gguf()

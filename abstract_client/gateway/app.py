@@ -27,10 +27,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
-from ..abort import AbortController
 from ..errors import GenerationCancelledError
 from ..llm import LLM
 from ..registry import create_llm
+from ..stopping.abort import AbortController
 from ..types import GenerateResult
 from .config import BackendConfig, GatewayConfig
 from .metrics import Metrics

@@ -27,7 +27,7 @@ import typing
 
 import httpcore
 
-from ..stop import PRIORITY_SEVER, PRIORITY_TELL, StopToken
+from ..stopping.token import PRIORITY_SEVER, PRIORITY_TELL, StopToken
 
 current_guard: contextvars.ContextVar[SocketGuard | None] = contextvars.ContextVar(
     "abstract_client_socket_guard", default=None

@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from ..contract.retry import parse_retry_after
 from ..errors import (
     AbstractClientError,
     ContextOverflowError,
@@ -27,7 +28,6 @@ from ..errors import (
     ServerUnavailableError,
     TransportError,
 )
-from .retry import parse_retry_after
 
 # Servers report context overflow only in prose (vLLM, LM Studio, Ollama wrapping llama-server).
 # This is used to pick the error *type*, never to decide a retry.

@@ -23,7 +23,7 @@ from typing import Any
 import httpcore
 import httpx
 
-from .._loop import loop_key
+from ..stopping._loop import loop_key
 from .guard import GuardedBackend
 
 PRIVATE_KEEPALIVE = 16  # clean private connections kept warm per loop and base URL

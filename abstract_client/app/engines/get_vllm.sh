@@ -21,7 +21,7 @@ if [[ ! -f "$VENV/.complete" ]]; then
 fi
 if [[ ! -f "$MODEL_DIR/.complete" ]]; then
   # the Python that has abstract-client installed (`prepare` passes its own interpreter)
-  gguf="$("${ABSTRACT_CLIENT_PYTHON:-python3}" -c 'from abstract_client.assets import smollm2_gguf; print(smollm2_gguf())')"
+  gguf="$("${ABSTRACT_CLIENT_PYTHON:-python3}" -c 'from abstract_client.app.assets import smollm2_gguf; print(smollm2_gguf())')"
   echo ">> converting $gguf to an HF directory for vLLM" >&2
   "$VENV/bin/python" "$here/gguf_to_hf.py" "$gguf" "$MODEL_DIR" >&2
   touch "$MODEL_DIR/.complete"

@@ -16,9 +16,9 @@ from typing import Literal, TypeVar
 
 import anyio
 
-from .._loop import loop_caller
 from ..errors import GenerationTimeoutError, TimeoutKind
 from ..http.guard import current_guard
+from ..stopping._loop import loop_caller
 from .call import Call
 from .translate import attach, cancelled, raise_translated
 

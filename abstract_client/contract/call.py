@@ -12,15 +12,15 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from ..http.retry import RetryPolicy
+from ..output.tool_calls import ToolCallAssembler
 from ..provider import CallContext, Provider
-from ..stop import InflightRegistry, StopToken
-from ..tool_calls import ToolCallAssembler
+from ..stopping.token import InflightRegistry, StopToken
 from ..types import GenerationRequest, StreamChunk, Timeout, Timings, ToolCall, ToolCallDelta, Usage
+from .retry import RetryPolicy
 
 if TYPE_CHECKING:
-    from ..abort import AbortSignal
     from ..http.guard import SocketGuard
+    from ..stopping.abort import AbortSignal
     from .output import ToolFallback
 
 

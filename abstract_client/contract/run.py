@@ -16,13 +16,13 @@ from typing import Any, TypeVar
 import anyio
 
 from ..errors import ProviderProtocolError
-from ..http.retry import RetryPolicy
 from ..provider import Completion
-from ..stop import InflightRegistry, StopToken
+from ..stopping.token import InflightRegistry, StopToken
 from ..types import GenerateResult, GenerationRequest, StreamChunk, Timeout, Timings
 from .admission import admit, release
 from .call import Call, CallSpec
 from .output import finish_output, prepare
+from .retry import RetryPolicy
 from .scope import step
 from .translate import cancelled, classify, judge_complete
 

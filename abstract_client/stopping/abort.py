@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterable
 
 import anyio
 
+from ..errors import AbortError
 from ._loop import loop_caller
-from .errors import AbortError
-from .watcher import watcher
+from .timer import watcher
 
 log = logging.getLogger(__name__)
 

@@ -28,14 +28,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from abstract_client.stop import StopToken
-from abstract_client.stop_strings import StopStrings
+from abstract_client.output.stop_sequences import StopStrings
+from abstract_client.stopping.token import StopToken
 from abstract_client.types import GenerationRequest, StreamChunk, Usage
 
-from .mlx_output import OutputShaper
+from .output import OutputShaper
 
 if TYPE_CHECKING:
-    from .mlx import MLXProvider, RequestStats
+    from ..mlx import MLXProvider, RequestStats
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +159,7 @@ class BatchEngine:
                 for r in generated:
                     self._on_token(r)
         except Exception as exc:  # a fresh record for every waiting consumer, never the exception
-            from .mlx import _Failure
+            from ..mlx import _Failure
 
             log.exception("mlx batch step failed")
             failed = list(self._active.values())
@@ -189,7 +189,7 @@ class BatchEngine:
             try:
                 self._insert(seq)
             except Exception as exc:
-                from .mlx import _Failure
+                from ..mlx import _Failure
 
                 seq.emit(_Failure(type(exc).__name__, str(exc)))
                 seq.emit(seq.end)

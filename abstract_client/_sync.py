@@ -1,10 +1,13 @@
-"""The sync API's event loop: each ``LLM`` owns one daemon thread that runs the same async
-contract, started on the first sync call and ended by ``LLM.close()`` (or when the LLM is
-garbage-collected).
+"""The sync API: each ``LLM`` owns one daemon thread that runs the same async contract
+(:class:`Portal`), started on the first sync call and ended by ``LLM.close()`` (or when the LLM
+is garbage-collected); :class:`SyncGenerationStream` is the sync face of a stream.
 
 So there is one code path for sync and async: a sync call submits the coroutine here and blocks
 on its result. A ``KeyboardInterrupt`` (or any exception) in the waiting thread stops the call
-first, waits for it to unwind (bounded), then propagates unchanged.
+first, waits for it to unwind (bounded), then propagates unchanged. ``break`` out of
+``for chunk in llm.stream(...)`` drops the last reference to the stream; CPython runs
+``__del__`` at once, which severs the socket synchronously (no GC pass needed: nothing here is
+in a reference cycle).
 """
 
 from __future__ import annotations
@@ -16,10 +19,12 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .stop import PRIORITY_WAKE, SyncWaiter
+from .contract import GenerationStream, cancelled
+from .stopping.token import PRIORITY_WAKE, SyncWaiter
+from .types import GenerateResult, StreamChunk
 
 if TYPE_CHECKING:
-    from .stop import StopToken
+    from .stopping.token import StopToken
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -146,3 +151,63 @@ class Portal:
             asyncio.run_coroutine_threadsafe(fn(), self.loop)
         except RuntimeError:
             pass
+
+
+class SyncGenerationStream:
+    def __init__(self, inner: GenerationStream, portal: Portal, owner: Any = None) -> None:
+        self._inner = inner
+        self._portal = portal
+        self._owner = owner  # the LLM: its loop thread must outlive this stream
+        self._stopped = False
+
+    def __repr__(self) -> str:
+        return repr(self._inner).replace("GenerationStream", "SyncGenerationStream")
+
+    @property
+    def request_id(self) -> str:
+        return self._inner.request_id
+
+    @property
+    def text(self) -> str:
+        return self._inner.text
+
+    def result(self) -> GenerateResult:
+        return self._inner.result()
+
+    def cancel(self, reason: str = "user") -> None:
+        """Stop from any thread; the iterating thread gets ``GenerationCancelledError``."""
+        self._inner.cancel(reason)
+
+    def __iter__(self) -> SyncGenerationStream:
+        return self
+
+    def __next__(self) -> StreamChunk:
+        inner = self._inner
+        if self._stopped or inner.state == "done":  # finished: a later cancel() changes nothing
+            raise StopIteration
+        call = inner.call
+        try:
+            return self._portal.run(
+                inner.__anext__,
+                on_interrupt=inner.cancel,
+                stop=call.token,
+                stopped_error=lambda: cancelled(call),
+                on_abandon=inner.aclose,
+            )
+        except StopAsyncIteration:
+            raise StopIteration from None
+        except BaseException:
+            self._stopped = True
+            raise
+
+    def close(self) -> None:
+        if self._inner.state == "open":
+            self._portal.run(self._inner.aclose)
+        else:
+            self._inner.abandon()
+
+    def __enter__(self) -> SyncGenerationStream:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

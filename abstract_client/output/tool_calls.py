@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from .types import ToolCall, ToolCallDelta
+from ..types import ToolCall, ToolCallDelta
 
 
 @dataclass(slots=True)

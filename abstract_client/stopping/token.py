@@ -19,8 +19,8 @@ from typing import cast
 import anyio
 import sniffio
 
+from ..errors import StopReason
 from .abort import AbortSignal
-from .errors import StopReason
 from .event_hook import on_set
 
 log = logging.getLogger(__name__)

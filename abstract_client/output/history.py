@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .errors import AbstractClientError
-from .types import GenerateResult, Message
+from ..errors import AbstractClientError
+from ..types import GenerateResult, Message
 
 
 def continue_after(

@@ -20,8 +20,8 @@ import typing
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .errors import OutputValidationError
-from .types import ResponseFormat, ToolCall
+from ..errors import OutputValidationError
+from ..types import ResponseFormat, ToolCall
 
 ToolChoice = str | dict[str, Any] | None
 _CHOICES = ("auto", "none", "required")

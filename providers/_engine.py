@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import anyio
 
-from ._loop import loop_caller
+from abstract_client.stopping._loop import loop_caller
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

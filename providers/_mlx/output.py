@@ -18,7 +18,7 @@ import uuid
 from typing import Any
 
 from abstract_client.errors import NotSupportedError
-from abstract_client.think import ThinkSplitter
+from abstract_client.output.tags import ThinkSplitter
 from abstract_client.types import Message, StreamChunk, ToolCall, ToolCallDelta
 
 

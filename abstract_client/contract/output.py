@@ -16,8 +16,8 @@ import uuid
 from dataclasses import replace
 
 from ..errors import NotSupportedError, OutputValidationError
-from ..structured import call_schema, check_tool_call, forced_tools, parse_output
-from ..tool_calls import ToolCallAssembler
+from ..output.structured import call_schema, check_tool_call, forced_tools, parse_output
+from ..output.tool_calls import ToolCallAssembler
 from ..types import ResponseFormat, StreamChunk, ToolCall, ToolCallDelta
 from .call import Call
 from .translate import attach

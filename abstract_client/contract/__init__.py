@@ -3,8 +3,8 @@
 Sync and async, streaming and non-streaming, retries and structured output all run through
 :func:`run_generation` or :class:`GenerationStream` (the sync API drives these same coroutines on
 the LLM's own loop thread); embeddings through :func:`run_embedding` (a step per batch); model
-management and token counting through :func:`run_operation`. Each rule has one function, in the
-``_contract`` package:
+management and token counting through :func:`run_operation`. Each rule has one function, in a
+module of this package:
 
 ====  =====================================================================  =========================
 rule  what                                                                   where
@@ -22,39 +22,31 @@ rule  what                                                                   whe
 8     every error carries partial text, tokens, usage, provider, model, id   ``translate.attach``
 ====  =====================================================================  =========================
 
-``call.py`` holds what a call is (its spec, fixed when built, and its progress).
+``call.py`` holds what a call is (its spec, fixed when built, and its progress); ``retry.py``
+the retry policy (which failures may be retried, by type; the backoff); ``output.py`` where
+structured output and tool calls enter and leave the path (prepared after admission, parsed only
+once the answer is judged complete).
 """
 
-from __future__ import annotations
-
-from ._contract import (
-    Call,
-    CallSpec,
-    GenerationStream,
-    Progress,
-    cancelled,
-    operation_spec,
-    release,
-    run_embedding,
-    run_generation,
-    run_operation,
-)
-
-
-def stopped_error(call: Call) -> BaseException:
-    """The error a waiting sync caller raises the moment its stop is requested (rule 8 applies)."""
-    return cancelled(call)
-
+from .admission import release
+from .call import Call, CallSpec, Progress
+from .embed import run_embedding
+from .retry import RetryPolicy
+from .run import operation_spec, run_generation, run_operation
+from .stream import GenerationStream
+from .translate import cancelled, translate
 
 __all__ = [
     "Call",
     "CallSpec",
     "GenerationStream",
     "Progress",
+    "RetryPolicy",
+    "cancelled",
     "operation_spec",
     "release",
     "run_embedding",
     "run_generation",
     "run_operation",
-    "stopped_error",
+    "translate",
 ]
