@@ -37,6 +37,8 @@ from .stopping.abort import AbortSignal
 from .stopping.token import InflightRegistry, StopToken
 from .types import EmbeddingResult, GenerateResult, GenerationRequest, Message, Timeout
 
+__all__ = ["LLM"]
+
 T = TypeVar("T")
 _REASONING = (None, False, True, "low", "medium", "high")
 
@@ -103,7 +105,6 @@ class LLM:
         timeout: Timeout | float | None,
         request_id: str | None,
         features: tuple[Any, Any, Any, Any],
-        stream: bool,
         extra: dict[str, Any],
     ) -> Call:
         self._ensure_open()
@@ -185,7 +186,6 @@ class LLM:
             timeout=timeout,
             request_id=request_id,
             features=(tools, tool_choice, response_format, reasoning),
-            stream=False,
             extra=extra,
         )
         return self._portal.run(
@@ -228,7 +228,6 @@ class LLM:
             timeout=timeout,
             request_id=request_id,
             features=(tools, tool_choice, response_format, reasoning),
-            stream=False,
             extra=extra,
         )
         return await run_generation(call)
@@ -266,7 +265,6 @@ class LLM:
             timeout=timeout,
             request_id=request_id,
             features=(tools, tool_choice, response_format, reasoning),
-            stream=True,
             extra=extra,
         )
         return SyncGenerationStream(GenerationStream(call), self._portal, owner=self)
@@ -304,7 +302,6 @@ class LLM:
             timeout=timeout,
             request_id=request_id,
             features=(tools, tool_choice, response_format, reasoning),
-            stream=True,
             extra=extra,
         )
         return GenerationStream(call)
@@ -405,12 +402,11 @@ class LLM:
 
     def cancel(self, request_id: str, reason: StopReason = "user") -> bool:
         """Stop one call in flight (from any thread). False if no such call is in flight.
-        A provider with an ``on_cancel`` hook (the "remote" lane: the gateway's cancel
-        endpoint) is told as well."""
+        The provider's ``on_cancel`` is told as well (the "remote" lane calls the gateway's cancel
+        endpoint)."""
         stopped = self._inflight.cancel(request_id, reason)
-        hook = getattr(self.provider, "on_cancel", None)
-        if stopped and hook is not None:
-            hook(request_id)
+        if stopped:
+            self.provider.on_cancel(request_id)
         return stopped
 
     def cancel_all(self, reason: StopReason = "user") -> int:

@@ -21,6 +21,8 @@ from .http.transport import HttpClients
 from .stopping.token import StopToken
 from .types import GenerationRequest, StreamChunk, Timings, ToolCallDelta, Usage
 
+__all__ = ["CallContext", "Completion", "EmbeddingBatch", "ModelInfo", "Provider", "UnloadReport"]
+
 
 @dataclass(slots=True)
 class Completion:
@@ -66,7 +68,6 @@ class EmbeddingBatch:
 class CallContext:
     token: StopToken
     request_id: str
-    private: bool
     clients: HttpClients | None = None
     connect_timeout: float | None = 10.0
     on_chunk: Callable[[StreamChunk], object] | None = None
@@ -81,7 +82,7 @@ class CallContext:
         """The HTTP client for this call on the current event loop (private or pooled)."""
         if self.clients is None:
             raise RuntimeError("this provider has no HTTP clients")
-        return self.clients.get(private=self.private)
+        return self.clients.get(private=True)  # every generation severs its own connection
 
     def _timeout(self) -> httpx.Timeout:
         # Only connect is enforced by httpx; first-token/idle/total are the contract's deadlines.
@@ -119,6 +120,9 @@ class Provider(abc.ABC):
     # (the server then sees a stop at its next token write, instead of at its next connection
     # poll); ``generate(..., plain_wire=True)`` opts out per call.
     complete_over_stream: bool = False
+    # False: the backend has no plain route (an in-process engine): every non-streaming call is
+    # assembled from the stream, ``plain_wire=True`` included.
+    plain_route: ClassVar[bool] = True
     default_embed_batch_size: int = 32  # inputs per embeddings request (client-side batching)
 
     def __init__(self, *, model: str | None, clients: HttpClients | None = None) -> None:
@@ -133,9 +137,18 @@ class Provider(abc.ABC):
     def stream(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
         """Yield the answer as chunks; the last one carries finish_reason/usage when known."""
 
-    @abc.abstractmethod
     async def complete(self, request: GenerationRequest, ctx: CallContext) -> Completion:
-        """The non-streaming call over the server's plain route (``stream: false``)."""
+        """The non-streaming call over the server's plain route (``stream: false``); only
+        called when ``plain_route`` is True."""
+        raise NotSupportedError(f"{self.name} has no plain (non-streaming) route", provider=self.name)
+
+    def call_headers(self, ctx: CallContext) -> dict[str, str] | None:
+        """Extra HTTP headers for one call (the "remote" lane sends its request id)."""
+        return None
+
+    def on_cancel(self, request_id: str) -> None:  # noqa: B027 - a hook: nothing to do by default
+        """Called by ``LLM.cancel(request_id)`` after the call's own stop ran (its socket is
+        severed): a lane whose server has its own cancel route tells it here, never blocking."""
 
     async def embed(
         self, texts: list[str], ctx: CallContext, *, model: str | None, dimensions: int | None = None
@@ -166,9 +179,6 @@ class Provider(abc.ABC):
 
     async def wait_ready(self, timeout: float) -> None:
         raise NotSupportedError(f"{self.name} has no readiness probe", provider=self.name)
-
-    def bind_stop(self, token: StopToken) -> None:  # noqa: B027 - optional hook
-        """In-process engines attach their own stop hook here (HTTP lanes need none)."""
 
     async def aclose(self) -> None:
         if self.clients is not None:

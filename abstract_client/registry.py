@@ -17,6 +17,8 @@ from .llm import LLM
 from .provider import Provider
 from .types import Timeout
 
+__all__ = ["ENTRY_POINT_GROUP", "available_providers", "create_llm", "register_provider"]
+
 log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "abstract_client.providers"

@@ -5,6 +5,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
 
+__all__ = [
+    "ContentPart",
+    "EmbeddingResult",
+    "GenerateResult",
+    "GenerationRequest",
+    "Message",
+    "ResponseFormat",
+    "StreamChunk",
+    "Timeout",
+    "Timings",
+    "ToolCall",
+    "ToolCallDelta",
+    "Usage",
+]
+
 
 class ContentPart(TypedDict, total=False):
     """``{"type": "text", "text": ...}`` or ``{"type": "image_url", "image_url": {"url": "data:..."}}``."""

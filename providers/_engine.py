@@ -1,8 +1,10 @@
-"""A dedicated thread that owns an in-process engine (MLX streams are bound to their thread).
+"""What every in-process lane shares: the thread that owns the engine, the engine's own record
+of each request (the evidence a stop is judged by), and the messages a worker sends back.
 
-Every call that touches the engine — load, generate, close a generator, unload — runs here, one
-at a time. ``on_exit`` runs on the thread before it ends (MLX: ``mx.clear_streams()``, without
-which the process can abort at exit); the thread is shut down at interpreter exit too.
+:class:`EngineThread`: every call that touches the engine — load, generate, close a generator,
+unload — runs on it, one at a time (MLX streams are bound to their thread). ``on_exit`` runs on
+the thread before it ends (MLX: ``mx.clear_streams()``, without which the process can abort at
+exit); the thread is shut down at interpreter exit too.
 """
 
 from __future__ import annotations
@@ -14,15 +16,41 @@ import queue
 import threading
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import anyio
 
 from abstract_client.stopping._loop import loop_caller
 
+__all__ = ["END", "EngineThread", "Failure", "RequestStats"]
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 _STOP = object()
+END = object()  # a worker's last message for one request, after its last chunk
+
+
+@dataclass
+class RequestStats:
+    """The engine side's own record of one request: the evidence a stop is judged by."""
+
+    tokens: int = 0  # tokens sampled for this request (embeddings: inputs embedded)
+    prefill_done: int = 0
+    prefill_total: int = 0
+    tokens_at_stop: int | None = None  # the counter when the worker saw the stop flag
+    stopped_in: str | None = None  # "queue", "prefill", "decode" or "embed"
+    stopped_at: float | None = None  # perf_counter when the worker saw the flag
+    finished: bool = False
+
+
+@dataclass
+class Failure:
+    """An engine failure as a worker reports it: a fresh record, never the exception (its
+    traceback would pin the model's memory across threads)."""
+
+    kind: str
+    message: str
 
 
 class EngineThread:

@@ -25,7 +25,7 @@ from abstract_client.http.wire import expect_stream, json_body, load_frame, sse_
 from abstract_client.provider import CallContext, Completion, ModelInfo, UnloadReport
 from abstract_client.types import GenerationRequest, StreamChunk, Usage
 
-from .openai_compatible import OpenAICompatibleProvider, sampling_fields, timings_from
+from .openai_compatible import OpenAICompatibleProvider, sampling_fields, server_root, timings_from
 
 _FINISH = {"eos": "stop", "word": "stop", "limit": "length"}
 _FORBIDDEN_HEADERS = {"x-conversation-id"}
@@ -43,9 +43,7 @@ class LlamaCppProvider(OpenAICompatibleProvider):
     def __init__(self, *, base_url: str | None = None, headers: dict[str, str] | None = None, **kw: Any) -> None:
         if headers and _FORBIDDEN_HEADERS & {h.lower() for h in headers}:
             raise ValueError("X-Conversation-Id makes llama-server keep generating after a stop; it is refused")
-        root = (base_url or self.default_base_url).rstrip("/")
-        if root.endswith("/v1"):
-            root = root[: -len("/v1")]
+        root = server_root(base_url or self.default_base_url)
         super().__init__(base_url=root, headers=headers, **kw)
         self._router: bool | None = None
         self._tool_calls: bool | None = None

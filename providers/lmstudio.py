@@ -27,7 +27,7 @@ from abstract_client.http.wire import expect_stream, json_body, load_frame, poll
 from abstract_client.provider import CallContext, Completion, ModelInfo, UnloadReport
 from abstract_client.types import GenerationRequest, StreamChunk, Timings, Usage
 
-from .openai_compatible import OpenAICompatibleProvider
+from .openai_compatible import OpenAICompatibleProvider, server_root
 
 
 class LMStudioProvider(OpenAICompatibleProvider):
@@ -40,9 +40,7 @@ class LMStudioProvider(OpenAICompatibleProvider):
     embeddings_path = "/v1/embeddings"
 
     def __init__(self, *, base_url: str | None = None, **kw: Any) -> None:
-        root = (base_url or self.default_base_url).rstrip("/")
-        if root.endswith("/v1"):
-            root = root[: -len("/v1")]
+        root = server_root(base_url or self.default_base_url)
         super().__init__(base_url=root, **kw)
 
     @staticmethod

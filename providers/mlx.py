@@ -31,7 +31,6 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,48 +41,29 @@ from abstract_client.errors import (
     ModelNotFoundError,
     NotSupportedError,
     ProviderAPIError,
-    ProviderProtocolError,
 )
-from abstract_client.output.stop_sequences import StopStrings
-from abstract_client.provider import CallContext, Completion, EmbeddingBatch, ModelInfo, Provider, UnloadReport
+from abstract_client.output.stop_sequences import StopSequences
+from abstract_client.provider import CallContext, EmbeddingBatch, ModelInfo, Provider, UnloadReport
 from abstract_client.stopping._loop import loop_caller
 from abstract_client.stopping.token import StopToken
 from abstract_client.types import GenerationRequest, StreamChunk, Timings, Usage
 
-from ._engine import EngineThread
+from ._engine import END, EngineThread, Failure, RequestStats
 from ._mlx.batch import BatchEngine, Sequence, runs_alone
-from ._mlx.output import GrammarProcessor, OutputShaper, chat_messages
+from ._mlx.model import MLXModel
+from ._mlx.output import OutputShaper
 
 log = logging.getLogger(__name__)
-_END = object()
-
-
-@dataclass
-class RequestStats:
-    """The MLX side's own record of one request: the evidence a stop is judged by."""
-
-    tokens: int = 0  # tokens sampled by mlx-lm for this request (embeddings: inputs embedded)
-    prefill_done: int = 0
-    prefill_total: int = 0
-    tokens_at_stop: int | None = None  # the counter when the worker saw the stop flag
-    stopped_in: str | None = None  # "prefill" or "decode"
-    stopped_at: float | None = None  # perf_counter when the worker saw the flag
-    finished: bool = False
 
 
 class _Stop(Exception):
     """Raised inside the MLX thread when the request's stop flag is seen."""
 
 
-@dataclass
-class _Failure:
-    kind: str
-    message: str
-
-
 class MLXProvider(Provider):
     name = "mlx"
     complete_over_stream = True  # non-streaming calls are assembled by the contract, chunk by chunk
+    plain_route = False  # ... always: an engine has no other route
     default_embed_batch_size = 16
 
     def __init__(
@@ -113,25 +93,23 @@ class MLXProvider(Provider):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # mlx_lm.load treats unknown paths as hub ids
         super().__init__(model=str(path))
         self.path = path
-        self.prefill_step_size = prefill_step_size
-        self.default_max_tokens = default_max_tokens
-        self.max_kv_size = max_kv_size
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be >= 1")
+        self.handle = MLXModel(
+            path,
+            prefill_step_size=prefill_step_size,
+            default_max_tokens=default_max_tokens,
+            max_kv_size=max_kv_size,
+            options=options,
+        )
+        self.thread = EngineThread(f"abstract-client-mlx:{path.name}", on_exit=_clear_streams)
         # max_batch_size=1: the serial engine (one stream_generate at a time); more: continuous
         # batching with a bounded prompt cache (_mlx/batch.py)
         self.batch = (
-            BatchEngine(self, max_batch_size=max_batch_size, prompt_cache_bytes=prompt_cache_bytes)
+            BatchEngine(self.handle, self.thread, max_batch_size=max_batch_size, prompt_cache_bytes=prompt_cache_bytes)
             if max_batch_size > 1
             else None
         )
-        self._memory_baseline: int | None = None  # active memory before the model was loaded
-        self.options = options
-        self.thread = EngineThread(f"abstract-client-mlx:{path.name}", on_exit=_clear_streams)
-        self._model: Any = None
-        self._tokenizer: Any = None
-        self._lltokenizer: Any = None  # llguidance's view of the tokenizer, for response_format
-        self._ejected = False
         self._stats: OrderedDict[str, RequestStats] = OrderedDict()
         self._stats_lock = threading.Lock()
 
@@ -150,60 +128,25 @@ class MLXProvider(Provider):
 
     @property
     def loaded(self) -> bool:
-        return self._model is not None
+        return self.handle.loaded
 
     # -- on the MLX thread --------------------------------------------------------------------------
-
-    def _ensure_loaded(self) -> tuple[Any, Any]:
-        if self._model is None:
-            from mlx_lm import load
-
-            if self._ejected:
-                log.warning("mlx: reloading %s on demand after an eject", self.path)
-            import mlx.core as mx
-
-            self._memory_baseline = mx.get_active_memory()
-            loaded = load(str(self.path))
-            self._model, self._tokenizer = loaded[0], loaded[1]
-            self._ejected = False
-        return self._model, self._tokenizer
-
-    def _prompt_ids(self, tokenizer: Any, request: GenerationRequest) -> list[int]:
-        if request.raw:
-            return list(tokenizer.encode(request.prompt or ""))
-        kwargs: dict[str, Any] = {"add_generation_prompt": True}
-        if request.tools:
-            kwargs["tools"] = request.tools
-        if request.reasoning is not None:
-            kwargs["enable_thinking"] = request.reasoning is not False
-        return list(tokenizer.apply_chat_template(chat_messages(request.messages), **kwargs))
-
-    def _grammar(self, model: Any, tokenizer: Any, request: GenerationRequest, prompt_len: int) -> Any:
-        """The constraining logits processor for ``response_format`` (llguidance's tokenizer is
-        built once per loaded model: ~0.6 s for a 49k vocabulary)."""
-        if self._lltokenizer is None:
-            import llguidance.hf
-
-            n_vocab = getattr(getattr(model, "args", None), "vocab_size", None)
-            self._lltokenizer = llguidance.hf.from_tokenizer(tokenizer._tokenizer, n_vocab=n_vocab)
-        fmt = request.response_format
-        assert fmt is not None
-        return GrammarProcessor(self._lltokenizer, fmt.schema, prompt_len=prompt_len)
 
     def _generate(
         self, request: GenerationRequest, token: StopToken, stats: RequestStats, emit: Callable[[object], None]
     ) -> None:
         import mlx.core as mx
         from mlx_lm import stream_generate
-        from mlx_lm.sample_utils import make_logits_processors, make_sampler
+        from mlx_lm.sample_utils import make_logits_processors
 
         gen = None
         try:
             if token.is_set:
                 return
-            model, tokenizer = self._ensure_loaded()
-            ids = self._prompt_ids(tokenizer, request)
-            extra = {**self.options, **request.extra}
+            handle = self.handle
+            model, tokenizer = handle.ensure_loaded()
+            ids = handle.prompt_ids(request)
+            extra = handle.extra(request)
 
             def on_prefill(done: int, total: int) -> None:
                 stats.prefill_done, stats.prefill_total = done, total
@@ -213,19 +156,13 @@ class MLXProvider(Provider):
 
             if request.seed is not None:
                 mx.random.seed(request.seed)  # global RNG: requests run one at a time on this thread
-            sampler = make_sampler(
-                temp=request.temperature or 0.0,
-                top_p=extra.get("top_p", 0.0),
-                min_p=extra.get("min_p", 0.0),
-                top_k=extra.get("top_k", 0),
-            )
             bias = extra.get("logit_bias")
             processors = make_logits_processors(
                 logit_bias={int(k): float(v) for k, v in bias.items()} if bias else None,  # JSON keys are strings
                 repetition_penalty=extra.get("repetition_penalty"),
             )
             if request.response_format is not None:
-                processors.append(self._grammar(model, tokenizer, request, len(ids)))
+                processors.append(handle.grammar(request, len(ids)))
             shaper = OutputShaper(
                 tokenizer,
                 prompt_ids=ids,
@@ -236,14 +173,14 @@ class MLXProvider(Provider):
                 model,
                 tokenizer,
                 ids,
-                max_tokens=request.max_tokens or self.default_max_tokens,
-                sampler=sampler,
+                max_tokens=request.max_tokens or handle.default_max_tokens,
+                sampler=handle.sampler(request),
                 logits_processors=processors,
-                prefill_step_size=extra.get("prefill_step_size", self.prefill_step_size),
+                prefill_step_size=extra.get("prefill_step_size", handle.prefill_step_size),
                 prompt_progress_callback=on_prefill,
-                max_kv_size=self.max_kv_size,
+                max_kv_size=handle.max_kv_size,
             )
-            stops = StopStrings(request.stop)
+            stops = StopSequences(request.stop)
             for resp in gen:
                 if token.is_set:  # before every sampled token is emitted
                     stats.stopped_in = "decode"
@@ -268,7 +205,7 @@ class MLXProvider(Provider):
         except _Stop:
             stats.tokens_at_stop, stats.stopped_at = stats.tokens, time.perf_counter()
         except Exception as exc:  # a fresh record, never the exception: its traceback pins the model
-            emit(_Failure(type(exc).__name__, str(exc)))
+            emit(Failure(type(exc).__name__, str(exc)))
         finally:
             if gen is not None:
                 gen.close()  # on this thread: mlx streams are thread-bound
@@ -283,7 +220,7 @@ class MLXProvider(Provider):
         every input, so a stop returns the inputs finished so far."""
         import mlx.core as mx
 
-        model, tokenizer = self._ensure_loaded()
+        model, tokenizer = self.handle.ensure_loaded()
         body = getattr(model, "model", None)
         if body is None:
             raise NotSupportedError(f"{type(model).__name__} exposes no hidden states", provider=self.name)
@@ -310,11 +247,10 @@ class MLXProvider(Provider):
         before = mx.get_active_memory()
         if self.batch is not None:
             self.batch.clear()  # the generator and every prompt-cache entry go with the weights
-        self._model = self._tokenizer = self._lltokenizer = None
+        self.handle.drop()
         gc.collect()
         mx.synchronize()
         mx.clear_cache()
-        self._ejected = True
         return before, mx.get_active_memory()
 
     # -- the async side -------------------------------------------------------------------------------
@@ -335,23 +271,23 @@ class MLXProvider(Provider):
             try:
                 self._generate(request, token, stats, emit)
             finally:
-                emit(_END)
+                emit(END)
 
         job_done: Any = None
         if self.batch is None:
             job_done = self.thread.submit(job)
-        elif runs_alone(request, self.options):
+        elif runs_alone(request, self.handle.options):
             job_done = self.batch.alone(job)
         else:
-            self.batch.submit(Sequence(request, token, stats, emit, end=_END))
+            self.batch.submit(Sequence(request, token, stats, emit, end=END))
         ended = False
         try:
             while True:
                 item = await receive.receive()
-                if item is _END:
+                if item is END:
                     ended = True
                     return
-                if isinstance(item, _Failure):
+                if isinstance(item, Failure):
                     raise ProviderAPIError(f"mlx-lm failed: {item.kind}: {item.message}", provider=self.name)
                 assert isinstance(item, StreamChunk)
                 yield item
@@ -361,38 +297,12 @@ class MLXProvider(Provider):
                     # Leaving early (a stop, a cancelled task, a consumer that left): make sure
                     # the worker sees the flag, then drain — never return while it still decodes.
                     token.stop("user", internal=True)
-                    while await receive.receive() is not _END:
+                    while await receive.receive() is not END:
                         pass
                 receive.close()
                 send.close()
-                if job_done is not None and not job_done.done():  # its bookkeeping, just behind _END
+                if job_done is not None and not job_done.done():  # its bookkeeping, just behind END
                     await anyio.to_thread.run_sync(job_done.result)
-
-    async def complete(self, request: GenerationRequest, ctx: CallContext) -> Completion:
-        """Only with ``plain_wire=True`` (the contract assembles non-streaming calls itself)."""
-        parts: list[str] = []
-        reasoning: list[str] = []
-        pieces = []
-        last: StreamChunk | None = None
-        async with _aclosing(self._stream(request, ctx)) as chunks:
-            async for chunk in chunks:
-                ctx.report(chunk)  # a stop of this non-streaming call keeps the partial text
-                parts.append(chunk.delta)
-                reasoning.append(chunk.reasoning)
-                if chunk.tool_call is not None:
-                    pieces.append(chunk.tool_call)
-                last = chunk
-        if last is None or last.finish_reason is None:
-            raise ProviderProtocolError("mlx-lm ended without a final response")
-        return Completion(
-            content="".join(parts),
-            finish_reason=last.finish_reason,
-            usage=last.usage,
-            timings=last.timings,
-            model=self.path.name,
-            reasoning="".join(reasoning) or None,
-            tool_calls=pieces,
-        )
 
     async def embed(
         self, texts: list[str], ctx: CallContext, *, model: str | None, dimensions: int | None = None
@@ -410,7 +320,7 @@ class MLXProvider(Provider):
             return False
 
         def has_tool_calling() -> bool:
-            return bool(self._ensure_loaded()[1].has_tool_calling)
+            return bool(self.handle.ensure_loaded()[1].has_tool_calling)
 
         return await self.thread.run(has_tool_calling)
 
@@ -418,8 +328,7 @@ class MLXProvider(Provider):
         """The model's own tokenizer (chat template with the generation prompt for messages)."""
 
         def count() -> int:
-            _, tokenizer = self._ensure_loaded()
-            return len(self._prompt_ids(tokenizer, request))
+            return len(self.handle.prompt_ids(request))
 
         return await self.thread.run(count)
 
@@ -429,7 +338,7 @@ class MLXProvider(Provider):
         return [ModelInfo(id=str(self.path), loaded=self.loaded)]
 
     async def load_model(self) -> None:
-        await self.thread.run(self._ensure_loaded)
+        await self.thread.run(self.handle.ensure_loaded)
 
     async def unload_model(self, *, drain_timeout: float = 30.0) -> UnloadReport:
         # A stream abandoned without aclose() may still be unwinding on the MLX thread; its flag is
@@ -445,7 +354,7 @@ class MLXProvider(Provider):
         return UnloadReport(
             server_unloaded=True,
             memory_before=before,
-            extra={"memory_baseline": self._memory_baseline},
+            extra={"memory_baseline": self.handle.memory_baseline},
             memory_after=after,
             detail=f"mlx: active memory {before / 2**20:.1f} MiB → {after / 2**20:.1f} MiB",
         )
@@ -465,14 +374,3 @@ def _clear_streams() -> None:
     except ImportError:  # pragma: no cover
         return
     mx.clear_streams()  # without it the process can abort at exit (streams are thread-bound)
-
-
-class _aclosing:
-    def __init__(self, agen: AsyncGenerator[StreamChunk, None]) -> None:
-        self.agen = agen
-
-    async def __aenter__(self) -> AsyncGenerator[StreamChunk, None]:
-        return self.agen
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.agen.aclose()

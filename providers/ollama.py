@@ -26,11 +26,11 @@ from typing import Any
 import anyio
 
 from abstract_client.errors import ProviderProtocolError, ServerUnavailableError
-from abstract_client.http.wire import expect_stream, json_body, ndjson_objects, poll_until_ready, raise_if_error
+from abstract_client.http.wire import expect_stream, json_body, ndjson_objects, raise_if_error
 from abstract_client.provider import CallContext, Completion, EmbeddingBatch, ModelInfo, UnloadReport
 from abstract_client.types import GenerationRequest, StreamChunk, Timings, ToolCallDelta, Usage
 
-from .openai_compatible import OpenAICompatibleProvider, sampling_fields, tool_pieces, wire_messages
+from .openai_compatible import OpenAICompatibleProvider, sampling_fields, server_root, tool_pieces, wire_messages
 
 _PASSTHROUGH = ("keep_alive", "format", "think", "tools", "truncate", "images", "suffix", "system", "template")
 
@@ -88,9 +88,7 @@ class OllamaProvider(OpenAICompatibleProvider):
     def __init__(
         self, *, base_url: str | None = None, use_openai_api: bool = False, unload_poll_timeout: float = 30.0, **kw: Any
     ) -> None:
-        root = (base_url or self.default_base_url).rstrip("/")
-        if root.endswith("/v1"):
-            root = root[: -len("/v1")]
+        root = server_root(base_url or self.default_base_url)
         super().__init__(base_url=root, **kw)
         self.use_openai_api = use_openai_api
         self.unload_poll_timeout = unload_poll_timeout
@@ -228,10 +226,6 @@ class OllamaProvider(OpenAICompatibleProvider):
             provider=self.name,
             model=self.model,
         )
-
-    async def wait_ready(self, timeout: float) -> None:
-        assert self.clients is not None
-        await poll_until_ready(self.clients.get(private=False), "/", timeout, provider=self.name)
 
 
 def _tool_calls(obj: dict[str, Any], first_index: int) -> list[ToolCallDelta]:

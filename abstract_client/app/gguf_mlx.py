@@ -38,7 +38,7 @@ def _mlx_name(gguf_name: str) -> str:
 def gguf_to_mlx(gguf: Path, dest: Path) -> Path:
     import mlx.core as mx
 
-    from .assets import progress
+    from .progress import progress
 
     loaded: Any = mx.load(str(gguf), return_metadata=True)
     weights: dict[str, Any] = loaded[0]

@@ -40,19 +40,9 @@ def prepare(what: str) -> Path:
 
 
 def _run_with_progress(argv: list[str], description: str) -> Path:
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from .progress import progress
 
-    console = Console(stderr=True)
-    with Progress(
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.percentage:>3.0f}%"),
-        TimeElapsedColumn(),
-        console=console,
-    ) as bar:
-        task = bar.add_task(description, total=100)
+    with progress(description, 100, percent=True) as bar:
         env = {**os.environ, "ABSTRACT_CLIENT_PYTHON": sys.executable}  # the scripts' Python has us
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         assert proc.stderr is not None and proc.stdout is not None
@@ -61,11 +51,11 @@ def _run_with_progress(argv: list[str], description: str) -> Path:
             tail = [*tail, line.rstrip()][-30:]
             match = _PERCENT.search(line)
             if match:
-                bar.update(task, completed=int(match.group(1)))
+                bar.update(completed=int(match.group(1)))
             elif line.startswith(">>"):
-                bar.update(task, description=f"{description}: {line[2:].strip()[:60]}")
+                bar.update(description=f"{description}: {line[2:].strip()[:60]}")
         out = proc.stdout.read().strip().splitlines()
         if proc.wait() != 0:
             raise RuntimeError(f"{' '.join(argv)} failed:\n" + "\n".join(tail))
-        bar.update(task, completed=100)
+        bar.update(completed=100)
     return Path(out[-1].split()[-1]) if out else Path()

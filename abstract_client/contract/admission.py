@@ -17,6 +17,8 @@ from ..http.guard import SocketGuard
 from .call import Call
 from .translate import cancelled
 
+__all__ = ["admit", "admit_now", "release"]
+
 
 async def admit(call: Call) -> None:
     # A call made during an eject waits for it to finish (ejects are short and rare; polled so
@@ -40,7 +42,6 @@ def admit_now(call: Call) -> None:
         raise cancelled(call)
     if call.provider.clients is not None:
         call.guard = SocketGuard(token)
-    call.provider.bind_stop(token)
 
 
 def release(call: Call, *, clean: bool = False) -> None:

@@ -18,10 +18,12 @@ from ..stopping.token import InflightRegistry, StopToken
 from ..types import GenerationRequest, StreamChunk, Timeout, Timings, ToolCall, ToolCallDelta, Usage
 from .retry import RetryPolicy
 
+__all__ = ["Call", "CallSpec", "Progress"]
+
 if TYPE_CHECKING:
     from ..http.guard import SocketGuard
+    from ..output.fallback import ToolFallback
     from ..stopping.abort import AbortSignal
-    from .output import ToolFallback
 
 
 @dataclass(eq=False, slots=True)
@@ -131,10 +133,10 @@ class Call:
         "progress",
         "registry",
         "released",
-        "request",
         "spec",
         "t0",
         "token",
+        "wire_request",
     )
 
     def __init__(
@@ -153,14 +155,13 @@ class Call:
         self.t0 = 0.0  # perf_counter at admission
         self.admitted = False
         self.released = False
-        # What the provider is sent: the spec's request, or its rewrite by ``output.prepare``
-        # (a forced tool call on a backend without native tool calling).
-        self.request: GenerationRequest = spec.request
+        # What the provider is sent: the spec's request (what the caller asked), or its rewrite
+        # by ``output.prepare`` (a forced tool call on a backend without native tool calling).
+        self.wire_request: GenerationRequest = spec.request
         self.prepared = False
         self.ctx = CallContext(
             token=token,
             request_id=token.request_id,
-            private=True,
             clients=spec.provider.clients,
             connect_timeout=spec.timeout.connect,
             on_chunk=self.progress.record,

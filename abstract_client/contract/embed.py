@@ -19,6 +19,8 @@ from .run import with_retries
 from .scope import step
 from .translate import attach, cancelled, judge_complete
 
+__all__ = ["run_embedding"]
+
 
 async def run_embedding(call: Call, texts: list[str], *, batch_size: int, dimensions: int | None) -> EmbeddingResult:
     progress = call.progress
@@ -35,7 +37,7 @@ async def run_embedding(call: Call, texts: list[str], *, batch_size: int, dimens
             answer = await step(
                 call,
                 lambda b=batch: with_retries(
-                    call, lambda: call.provider.embed(b, call.ctx, model=call.request.model, dimensions=dimensions)
+                    call, lambda: call.provider.embed(b, call.ctx, model=call.wire_request.model, dimensions=dimensions)
                 ),  # type: ignore[misc]
                 "first",
             )
@@ -54,7 +56,7 @@ async def run_embedding(call: Call, texts: list[str], *, batch_size: int, dimens
         clean = True
         return EmbeddingResult(
             vectors=vectors,
-            model=progress.model or call.request.model,
+            model=progress.model or call.wire_request.model,
             usage=progress.usage,
             provider=call.provider.name,
             request_id=call.request_id,

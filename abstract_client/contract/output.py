@@ -11,71 +11,16 @@
 
 from __future__ import annotations
 
-import json
-import uuid
 from dataclasses import replace
 
 from ..errors import NotSupportedError, OutputValidationError
+from ..output.fallback import ToolFallback
 from ..output.structured import call_schema, check_tool_call, forced_tools, parse_output
-from ..output.tool_calls import ToolCallAssembler
-from ..types import ResponseFormat, StreamChunk, ToolCall, ToolCallDelta
+from ..types import ResponseFormat
 from .call import Call
 from .translate import attach
 
-
-class ToolFallback:
-    """A forced call carried as constrained text: one tool → the text IS its arguments (handed
-    out as tool-call pieces as it streams); several → ``{"name", "arguments"}``, parsed at the
-    end (nothing of it is handed out before)."""
-
-    def __init__(self, tools: list[dict[str, object]], wrapped: bool) -> None:
-        self.wrapped = wrapped
-        self.name = None if wrapped else str(tools[0]["function"]["name"])  # type: ignore[index]
-        self.id = f"call_{uuid.uuid4().hex[:24]}"
-        self._text: list[str] = []
-        self._started = False
-
-    def reset(self) -> None:
-        self._text.clear()
-        self._started = False
-
-    def map(self, chunk: StreamChunk, tools: ToolCallAssembler) -> StreamChunk:
-        delta = None
-        if chunk.delta:
-            self._text.append(chunk.delta)
-            if not self.wrapped:
-                first = not self._started
-                self._started = True
-                delta = ToolCallDelta(
-                    0, self.id if first else None, self.name if first else None, arguments_fragment=chunk.delta
-                )
-        finish = chunk.finish_reason
-        if finish is not None and self.wrapped:
-            whole = self._parse_wrapped()
-            if whole is not None:
-                tools.add_whole([whole])
-        if finish is not None and not self.wrapped and not self._started:
-            tools.feed(ToolCallDelta(0, self.id, self.name))  # a call without arguments text
-        return replace(chunk, delta="", tool_call=delta)
-
-    def _parse_wrapped(self) -> ToolCall | None:
-        try:
-            value = json.loads("".join(self._text))
-        except ValueError:
-            return None
-        if not isinstance(value, dict) or not isinstance(value.get("name"), str):
-            return None
-        args = value.get("arguments")
-        if not isinstance(args, dict):
-            return None
-        return ToolCall(id=self.id, name=value["name"], arguments=args, arguments_json=json.dumps(args))
-
-    def partial(self) -> ToolCallDelta | None:
-        text = "".join(self._text)
-        return ToolCallDelta(0, self.id, None, arguments_fragment=text) if text else None
-
-    def raw_text(self) -> str:
-        return "".join(self._text)
+__all__ = ["finish_output", "prepare"]
 
 
 async def prepare(call: Call) -> None:
@@ -89,7 +34,7 @@ async def prepare(call: Call) -> None:
     if await call.provider.native_tools(request):
         return
     if request.tool_choice == "none":
-        call.request = replace(request, tools=None, tool_choice=None)
+        call.wire_request = replace(request, tools=None, tool_choice=None)
         return
     forced = forced_tools(request.tools, request.tool_choice)
     if not forced:
@@ -101,7 +46,7 @@ async def prepare(call: Call) -> None:
             model=request.model,
         )
     schema, wrapped = call_schema(forced)
-    call.request = replace(
+    call.wire_request = replace(
         request, tools=None, tool_choice=None, response_format=ResponseFormat(schema=schema, name="tool_call")
     )
     call.progress.fallback = ToolFallback(forced, wrapped)

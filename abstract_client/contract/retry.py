@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 from ..errors import AbstractClientError, GenerationCancelledError, GenerationTimeoutError
 
+__all__ = ["RetryPolicy", "parse_retry_after"]
+
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:

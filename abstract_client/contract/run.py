@@ -26,6 +26,8 @@ from .retry import RetryPolicy
 from .scope import step
 from .translate import cancelled, classify, judge_complete
 
+__all__ = ["complete", "first_answer", "operation_spec", "result_of", "run_generation", "run_operation", "with_retries"]
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -79,7 +81,7 @@ async def first_answer(call: Call) -> Completion:
                 finish_reason=completion.finish_reason,
                 usage=completion.usage,
                 timings=completion.timings,
-                model=completion.model or call.request.model,
+                model=completion.model or call.wire_request.model,
             )
         )
     return completion
@@ -88,9 +90,9 @@ async def first_answer(call: Call) -> Completion:
 async def complete(call: Call) -> Completion:
     """One non-streaming attempt: the provider's plain route, or its streaming wire assembled
     here, into the same ``Completion`` (content, usage, timings, finish_reason, model)."""
-    provider, request = call.provider, call.request
+    provider, request = call.provider, call.wire_request
     progress = call.progress
-    if not provider.complete_over_stream or request.plain_wire:
+    if provider.plain_route and (not provider.complete_over_stream or request.plain_wire):
         progress.assembled = False
         return await provider.complete(request, call.ctx)
     progress.restart()
@@ -130,7 +132,7 @@ def result_of(call: Call, raw: Any = None) -> GenerateResult:
             prompt_tokens_per_s=st.prompt_tokens_per_s,
             tokens_per_s=st.tokens_per_s,
         ),
-        model=p.model or call.request.model,
+        model=p.model or call.wire_request.model,
         provider=call.provider.name,
         request_id=call.request_id,
         raw=raw,

@@ -22,6 +22,8 @@ from ..stopping._loop import loop_caller
 from .call import Call
 from .translate import attach, cancelled, raise_translated
 
+__all__ = ["Phase", "deadline", "needs_scope", "step"]
+
 T = TypeVar("T")
 Phase = Literal["first", "idle"]
 
@@ -70,13 +72,3 @@ async def step(call: Call, fn: Callable[[], Awaitable[T]], phase: Phase) -> T:
     if call.guard is not None:
         call.guard.sever()
     raise attach(call, GenerationTimeoutError(f"{kind} timeout exceeded", kind=kind))
-
-
-async def bare_step(call: Call, fn: Callable[[], Awaitable[T]]) -> T:
-    """Await ``fn()`` on a severable call without a scope: the sever wakes it (rule 3 still
-    holds); failures are translated as in :func:`step`."""
-    try:
-        return await fn()
-    except BaseException as exc:
-        raise_translated(call, exc)
-        raise

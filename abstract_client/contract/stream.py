@@ -24,6 +24,8 @@ from .run import result_of, with_retries
 from .scope import needs_scope, step
 from .translate import cancelled, judge_complete, raise_translated, stopped_by_user
 
+__all__ = ["GenerationStream", "Source", "open_source"]
+
 log = logging.getLogger(__name__)
 Source = AsyncGenerator[StreamChunk, None]
 
@@ -36,7 +38,7 @@ async def open_source(call: Call) -> tuple[Source, StreamChunk | None]:
     await prepare(call)
 
     async def attempt() -> tuple[Source, StreamChunk | None]:
-        source = call.provider.stream(call.request, call.ctx)
+        source = call.provider.stream(call.wire_request, call.ctx)
         try:
             return source, await source.__anext__()
         except StopAsyncIteration:

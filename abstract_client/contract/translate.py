@@ -19,6 +19,8 @@ from ..errors import AbstractClientError, GenerationCancelledError, ProviderProt
 from ..http.mapping import map_transport_error
 from .call import Call
 
+__all__ = ["attach", "cancelled", "classify", "judge_complete", "raise_translated", "stopped_by_user", "translate"]
+
 
 def translate(call: Call, exc: BaseException) -> BaseException:
     """The exception to raise for ``exc``; ``exc`` itself when it passes unchanged."""
@@ -62,7 +64,7 @@ def attach(call: Call, err: AbstractClientError) -> AbstractClientError:
     err.generated_tokens = err.generated_tokens or call.generated_tokens
     err.usage = err.usage or progress.usage
     err.provider = err.provider or call.provider.name
-    err.model = err.model or progress.model or call.request.model
+    err.model = err.model or progress.model or call.wire_request.model
     err.request_id = err.request_id or call.request_id
     err.partial_reasoning = err.partial_reasoning or progress.reasoning
     if progress.tools or progress.fallback is not None:

@@ -45,6 +45,28 @@ from .openai_wire import (
     usage_frame,
 )
 
+__all__ = [
+    "Backend",
+    "Flight",
+    "Gateway",
+    "GenerationResponse",
+    "RequestIdAndAuth",
+    "create_app",
+    "embeddings_endpoint",
+    "generation_endpoint",
+    "guarded_send",
+    "guarded_send_json",
+    "no_backend",
+    "request_id_of",
+    "send_json",
+    "serve",
+    "sse",
+    "stream_generation",
+    "watch_disconnect",
+    "whole_answer",
+    "whole_generation",
+]
+
 log = logging.getLogger("abstract_client.gateway")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 

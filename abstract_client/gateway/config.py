@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+__all__ = ["BackendConfig", "GatewayConfig", "load_config"]
+
 
 @dataclass(slots=True)
 class BackendConfig:

@@ -9,6 +9,8 @@ from collections import defaultdict, deque
 from collections.abc import Iterator
 from typing import Any
 
+__all__ = ["BUCKETS", "Metrics", "PREFIX"]
+
 BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 PREFIX = "abstract_client_gateway"
 

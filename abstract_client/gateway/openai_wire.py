@@ -21,6 +21,17 @@ from ..errors import (
 )
 from ..types import GenerateResult, StreamChunk, ToolCallDelta
 
+__all__ = [
+    "BadRequest",
+    "chat_completion",
+    "chunk_frames",
+    "error_body",
+    "generation_args",
+    "openai_error",
+    "text_completion",
+    "usage_frame",
+]
+
 # sampling fields passed to the backend as they are (each lane maps the ones it knows)
 _PASSTHROUGH = (
     "top_p",

@@ -29,6 +29,8 @@ import httpcore
 
 from ..stopping.token import PRIORITY_SEVER, PRIORITY_TELL, StopToken
 
+__all__ = ["GuardedBackend", "SocketGuard", "current_guard"]
+
 current_guard: contextvars.ContextVar[SocketGuard | None] = contextvars.ContextVar(
     "abstract_client_socket_guard", default=None
 )

@@ -29,6 +29,8 @@ from ..errors import (
     TransportError,
 )
 
+__all__ = ["decode_json_body", "error_from_frame", "error_from_response", "map_transport_error", "parse_error_body"]
+
 # Servers report context overflow only in prose (vLLM, LM Studio, Ollama wrapping llama-server).
 # This is used to pick the error *type*, never to decide a retry.
 _OVERFLOW = re.compile(

@@ -12,6 +12,8 @@ from typing import Any
 
 from ..errors import ProviderProtocolError
 
+__all__ = ["DEFAULT_MAX_LINE_BYTES", "NDJSONDecoder"]
+
 DEFAULT_MAX_LINE_BYTES = 4 * 1024 * 1024
 
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 from ..errors import ProviderProtocolError
 
+__all__ = ["DEFAULT_MAX_LINE_BYTES", "SSEDecoder", "SSEEvent"]
+
 DEFAULT_MAX_LINE_BYTES = 4 * 1024 * 1024
 _BOM = b"\xef\xbb\xbf"
 

@@ -26,6 +26,8 @@ import httpx
 from ..stopping._loop import loop_key
 from .guard import GuardedBackend
 
+__all__ = ["HttpClients", "PRIVATE_KEEPALIVE", "shared_ssl_context"]
+
 PRIVATE_KEEPALIVE = 16  # clean private connections kept warm per loop and base URL
 _ssl_lock = threading.Lock()
 _ssl_context: ssl.SSLContext | None = None

@@ -80,10 +80,8 @@ async def sse_events(resp: httpx.Response) -> AsyncIterator[SSEEvent]:
     async for part in resp.aiter_bytes():
         for event in decoder.feed(part):
             yield event
-    if decoder.has_partial:
+    if decoder.has_partial:  # a whole frame never ends without its blank line
         raise ProviderProtocolError("the stream ended in the middle of an SSE frame")
-    for event in decoder.close():
-        yield event
 
 
 async def ndjson_objects(resp: httpx.Response) -> AsyncIterator[Any]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from ..errors import AbstractClientError
 from ..types import GenerateResult, Message
 
+__all__ = ["continue_after"]
+
 
 def continue_after(
     messages: list[Message], outcome: GenerateResult | AbstractClientError, *, unrun_tool_answer: str | None = None

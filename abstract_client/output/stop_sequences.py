@@ -1,4 +1,5 @@
-"""Stop strings for engines that have none (mlx-lm): text in, text out, pure.
+"""Stop sequences (the request's ``stop=``, not a cancellation) for engines that have none
+(mlx-lm): text in, text out, pure.
 
 Text that could be the start of a stop string is held back until it is known not to be one, so a
 stop string split across tokens is never emitted.
@@ -6,8 +7,10 @@ stop string split across tokens is never emitted.
 
 from __future__ import annotations
 
+__all__ = ["StopSequences"]
 
-class StopStrings:
+
+class StopSequences:
     def __init__(self, stops: list[str] | None) -> None:
         self.stops = [s for s in (stops or []) if s]
         self._hold = max((len(s) for s in self.stops), default=1) - 1

@@ -23,6 +23,20 @@ from typing import Any
 from ..errors import OutputValidationError
 from ..types import ResponseFormat, ToolCall
 
+__all__ = [
+    "ToolChoice",
+    "call_schema",
+    "check_tool_call",
+    "forced_tools",
+    "function_tool",
+    "normalize_tool_choice",
+    "normalize_tools",
+    "parse_output",
+    "response_format_from",
+    "schema_errors",
+    "type_schema",
+]
+
 ToolChoice = str | dict[str, Any] | None
 _CHOICES = ("auto", "none", "required")
 

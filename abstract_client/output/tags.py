@@ -1,14 +1,17 @@
-"""Splitting ``<think>…</think>`` out of an in-process model's text, sans-io.
+"""Splitting a tagged span out of an in-process model's text, sans-io: ``<think>…</think>``
+(reasoning), and the same machine with other tags for tool calls (``<tool_call>…</tool_call>``).
 
 Text is fed piece by piece (a tag may be split across pieces); each ``feed`` returns
-``(content, reasoning)`` ready to hand out. Text that could still be the start of a tag is held
+``(outside, inside)`` ready to hand out. Text that could still be the start of a tag is held
 back until the next piece decides it; ``flush`` releases it at the end.
 """
 
 from __future__ import annotations
 
+__all__ = ["TagSplitter"]
 
-class ThinkSplitter:
+
+class TagSplitter:
     __slots__ = ("_held", "_inside", "end", "start")
 
     def __init__(self, start: str = "<think>", end: str = "</think>", *, inside: bool = False) -> None:

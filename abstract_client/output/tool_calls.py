@@ -16,6 +16,8 @@ from typing import Any
 
 from ..types import ToolCall, ToolCallDelta
 
+__all__ = ["ToolCallAssembler"]
+
 
 @dataclass(slots=True)
 class _Pending:

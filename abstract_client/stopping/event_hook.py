@@ -30,6 +30,8 @@ import logging
 import threading
 from collections.abc import Callable
 
+__all__ = ["Listener", "listeners_on", "on_set"]
+
 log = logging.getLogger(__name__)
 
 Listener = Callable[[], object]

@@ -14,6 +14,8 @@ import threading
 import time
 from collections.abc import Callable
 
+__all__ = ["Watcher", "watcher"]
+
 log = logging.getLogger(__name__)
 
 

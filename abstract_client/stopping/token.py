@@ -23,6 +23,8 @@ from ..errors import StopReason
 from .abort import AbortSignal
 from .event_hook import on_set
 
+__all__ = ["HANDOFF_S", "Hook", "InflightRegistry", "StopToken", "SyncWaiter", "reason_from_signal"]
+
 log = logging.getLogger(__name__)
 
 Hook = Callable[[], object]

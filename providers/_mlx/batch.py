@@ -26,16 +26,17 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from abstract_client.output.stop_sequences import StopStrings
+from abstract_client.output.stop_sequences import StopSequences
 from abstract_client.stopping.token import StopToken
 from abstract_client.types import GenerationRequest, StreamChunk, Usage
 
+from .._engine import EngineThread, Failure, RequestStats
+from .model import MLXModel
 from .output import OutputShaper
 
-if TYPE_CHECKING:
-    from ..mlx import MLXProvider, RequestStats
+__all__ = ["BatchEngine", "Sequence", "runs_alone"]
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +68,9 @@ class Sequence:
 
 
 class BatchEngine:
-    def __init__(self, provider: MLXProvider, *, max_batch_size: int, prompt_cache_bytes: int) -> None:
-        self.provider = provider
+    def __init__(self, model: MLXModel, thread: EngineThread, *, max_batch_size: int, prompt_cache_bytes: int) -> None:
+        self.model = model
+        self.thread = thread
         self.max_batch_size = max_batch_size
         self.prompt_cache_bytes = prompt_cache_bytes
         self._lock = threading.Lock()
@@ -87,7 +89,7 @@ class BatchEngine:
             start = not self._running
             self._running = True
         if start:
-            self.provider.thread.submit(self._loop)
+            self.thread.submit(self._loop)
 
     def alone(self, job: Callable[[], None]) -> Any:
         """Run ``job`` (a serial generation) on the MLX thread once the batch has drained."""
@@ -103,9 +105,9 @@ class BatchEngine:
                     restart = bool(self._pending) and not self._running and not self._alone_waiting
                     self._running = self._running or restart
                 if restart:
-                    self.provider.thread.submit(self._loop)
+                    self.thread.submit(self._loop)
 
-        return self.provider.thread.submit(run)
+        return self.thread.submit(run)
 
     @property
     def cache_bytes(self) -> int:
@@ -124,15 +126,15 @@ class BatchEngine:
             from mlx_lm.generate import BatchGenerator
             from mlx_lm.models.cache import LRUPromptCache
 
-            model, tokenizer = self.provider._ensure_loaded()
+            model, tokenizer = self.model.ensure_loaded()
             self._generator = BatchGenerator(
                 model,
                 stop_tokens=[[e] for e in tokenizer.eos_token_ids],
-                max_tokens=self.provider.default_max_tokens,
+                max_tokens=self.model.default_max_tokens,
                 completion_batch_size=self.max_batch_size,
                 prefill_batch_size=self.max_batch_size,
-                prefill_step_size=self.provider.prefill_step_size,
-                max_kv_size=self.provider.max_kv_size,
+                prefill_step_size=self.model.prefill_step_size,
+                max_kv_size=self.model.max_kv_size,
             )
             if self._cache is None and self.prompt_cache_bytes > 0:
                 self._cache = LRUPromptCache(max_size=1 << 16, max_bytes=self.prompt_cache_bytes)
@@ -159,8 +161,6 @@ class BatchEngine:
                 for r in generated:
                     self._on_token(r)
         except Exception as exc:  # a fresh record for every waiting consumer, never the exception
-            from ..mlx import _Failure
-
             log.exception("mlx batch step failed")
             failed = list(self._active.values())
             with self._lock:
@@ -170,7 +170,7 @@ class BatchEngine:
             self._active.clear()
             self.clear()
             for seq in failed:
-                seq.emit(_Failure(type(exc).__name__, str(exc)))
+                seq.emit(Failure(type(exc).__name__, str(exc)))
                 seq.emit(seq.end)
         finally:
             mx.synchronize()
@@ -189,45 +189,35 @@ class BatchEngine:
             try:
                 self._insert(seq)
             except Exception as exc:
-                from ..mlx import _Failure
-
-                seq.emit(_Failure(type(exc).__name__, str(exc)))
+                seq.emit(Failure(type(exc).__name__, str(exc)))
                 seq.emit(seq.end)
 
     def _insert(self, seq: Sequence) -> None:
         from mlx_lm.models.cache import trim_prompt_cache
-        from mlx_lm.sample_utils import make_sampler
 
         generator = self._ensure_generator()
-        _, tokenizer = self.provider._ensure_loaded()
+        _, tokenizer = self.model.ensure_loaded()
         request = seq.request
-        prompt = self.provider._prompt_ids(tokenizer, request)
+        prompt = self.model.prompt_ids(request)
         cache, rest = (None, prompt)
         if self._cache is not None:
-            cache, rest = self._cache.fetch_nearest_cache(self.provider.model, prompt)
+            cache, rest = self._cache.fetch_nearest_cache(self.model.key, prompt)
             if cache is not None and not rest:  # the whole prompt is cached: recompute its last token
                 trim_prompt_cache(cache, 1)
                 rest = prompt[-1:]
-        extra = {**self.provider.options, **request.extra}
-        sampler = make_sampler(
-            temp=request.temperature or 0.0,
-            top_p=extra.get("top_p", 0.0),
-            min_p=extra.get("min_p", 0.0),
-            top_k=extra.get("top_k", 0),
-        )
         (uid,) = generator.insert(
             [rest],
-            max_tokens=[request.max_tokens or self.provider.default_max_tokens],
+            max_tokens=[request.max_tokens or self.model.default_max_tokens],
             caches=[cache],
             all_tokens=[prompt[: len(prompt) - len(rest)]],
-            samplers=[sampler],
+            samplers=[self.model.sampler(request)],
         )
         seq.uid = uid
         seq.prompt_tokens, seq.cached_tokens = len(prompt), len(prompt) - len(rest)
         seq.stats.prefill_total = len(rest)
         seq.state = {
             "detok": tokenizer.detokenizer,
-            "stops": StopStrings(request.stop),
+            "stops": StopSequences(request.stop),
             "eos": set(tokenizer.eos_token_ids),
             "shaper": OutputShaper(
                 tokenizer,
@@ -276,7 +266,7 @@ class BatchEngine:
         if stops.hit and r.finish_reason is None:
             self._generator.remove([r.uid])  # our stop string: the generator does not know it
         elif r.prompt_cache is not None and self._cache is not None:
-            self._cache.insert_cache(self.provider.model, list(r.all_tokens), r.prompt_cache)
+            self._cache.insert_cache(self.model.key, list(r.all_tokens), r.prompt_cache)
         seq.emit(
             StreamChunk(
                 finish_reason="stop" if stops.hit else r.finish_reason,

@@ -18,7 +18,7 @@ import uuid
 from typing import Any
 
 from abstract_client.errors import NotSupportedError
-from abstract_client.output.tags import ThinkSplitter
+from abstract_client.output.tags import TagSplitter
 from abstract_client.types import Message, StreamChunk, ToolCall, ToolCallDelta
 
 
@@ -52,12 +52,12 @@ class OutputShaper:
         end = getattr(tokenizer, "think_end", None) or "</think>"
         opened: Any = getattr(tokenizer, "think_start_tokens", None)
         inside = bool(opened) and tuple(prompt_ids[-len(opened) :]) == tuple(opened)
-        self._think = ThinkSplitter(start, end, inside=inside) if think else None
+        self._think = TagSplitter(start, end, inside=inside) if think else None
         self._tools = tools
-        self._tool_tags: ThinkSplitter | None = None
+        self._tool_tags: TagSplitter | None = None
         self._parser = getattr(tokenizer, "tool_parser", None)
         if tools and getattr(tokenizer, "has_tool_calling", False):
-            self._tool_tags = ThinkSplitter(tokenizer.tool_call_start, tokenizer.tool_call_end)
+            self._tool_tags = TagSplitter(tokenizer.tool_call_start, tokenizer.tool_call_end)
         self._call_text: list[str] = []
         self._n_calls = 0
 

@@ -1,0 +1,114 @@
+"""The shape a newcomer relies on: no import cycle among the library's modules (lazy and
+``TYPE_CHECKING`` imports included), and a public API that is exactly ``__all__``."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import abstract_client
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("abstract_client", "providers")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            found[module_name(path)] = path
+    return found
+
+
+def imports_of(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """Every project module ``name`` imports, anywhere in its body."""
+    is_package = path.name == "__init__.py"
+    here = name.split(".") if is_package else name.split(".")[:-1]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here[: len(here) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            # "from pkg import sub" imports the submodule; "from mod import name" the module
+            targets = [f"{target}.{a.name}" if f"{target}.{a.name}" in known else target for a in node.names]
+        else:
+            continue
+        found.update(t for t in targets if t in known and t != name)
+    return found
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycles() -> None:
+    known = modules()
+    graph = {name: imports_of(name, path, known) for name, path in known.items()}
+    assert cycles(graph) == []
+
+
+def test_the_public_api_is_all_and_only_all() -> None:
+    exported = set(abstract_client.__all__)
+    assert len(exported) == len(abstract_client.__all__)
+    for name in exported:
+        assert getattr(abstract_client, name, None) is not None, name
+    public = {n for n in vars(abstract_client) if not n.startswith("_")}
+    subpackages = {"app", "contract", "errors", "gateway", "http", "llm", "output", "provider", "registry"}
+    subpackages |= {"stopping", "testing", "types"}
+    assert public - exported - subpackages - {"annotations", "logging"} == set()
+
+
+def test_implementation_modules_are_private_or_declare_all() -> None:
+    missing = []
+    for name, path in modules().items():
+        leaf = name.split(".")[-1]
+        if leaf.startswith("_") or (name.split(".")[0] == "providers" and leaf != "providers"):
+            continue  # private, or a lane module (its public face is its registered name)
+        if name.startswith(("abstract_client.testing", "abstract_client.app")):
+            continue  # tools with their own documented surface
+        if "__all__" not in path.read_text():
+            missing.append(name)
+    assert missing == []
