@@ -17,19 +17,19 @@ import concurrent.futures
 import logging
 import threading
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
-from .contract import GenerationStream, cancelled
-from .stopping.token import PRIORITY_WAKE, SyncWaiter
+from .contract import Call, GenerationStream, SyncStop, stop_error
+from .stopping._loop import on_event_loop
+from .stopping.token import Step
 from .types import GenerateResult, StreamChunk
-
-if TYPE_CHECKING:
-    from .stopping.token import StopToken
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _UNWIND_WAIT = 5.0
+# How long a stop may hold the sever back while the sync caller it just woke raises (Step.HAND_OFF)
+HANDOFF_S = 0.002
 
 
 class Portal:
@@ -87,63 +87,84 @@ class Portal:
     def run(
         self,
         fn: Callable[[], Coroutine[Any, Any, T]],
+        *,
+        call: Call | None = None,
         on_interrupt: Callable[[], object] | None = None,
-        stop: StopToken | None = None,
-        stopped_error: Callable[[], BaseException] | None = None,
         on_abandon: Callable[[], Coroutine[Any, Any, Any]] | None = None,
     ) -> T:
         """Run ``fn()`` on the loop thread and return its result, raising its exception.
 
-        With ``stop``/``stopped_error``: the moment the stop is requested, the waiting thread is
-        woken by the stop hook itself and raises ``stopped_error()`` (the contract's error, with
-        the partial text) without waiting for the loop to finish unwinding — the hooks have
-        already severed the connection; the loop closes the rest behind it (``on_abandon``).
+        With ``call`` (a generation or an embedding): the moment its stop is requested, this
+        thread is woken by the stop itself (``Step.WAKE``) and raises the call's one
+        ``GenerationCancelledError``, built here, with the partial text of that moment, without
+        waiting for the loop (whose share of the stop, ``Step.LOOP``, may be behind other work);
+        the loop closes the rest behind it (``on_abandon``). ``on_interrupt`` (default: stop the
+        call) runs when this thread is interrupted (Ctrl-C) while waiting.
         """
         loop = self.loop
         if threading.current_thread() is self._thread:
             raise RuntimeError("the sync API cannot be called from its own event loop thread")
-        if stop is not None and stopped_error is not None and stop.is_set and not stop.internal:
+        if call is None:
+            return self._wait(asyncio.run_coroutine_threadsafe(fn(), loop), None, on_interrupt)
+        call.sync = True  # its stop error is built here, by the thread that raises it
+        if call.token.stopped_by_caller:
             # Stopped while the caller was busy elsewhere (e.g. between two chunks of a stream):
             # raise here, without a round trip through the loop; the loop closes up behind.
             if on_abandon is not None:
                 self.submit(on_abandon)
-            raise stopped_error()
+            raise stop_error(call)
         future: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(fn(), loop)
+        raised = threading.Event()
+        me = threading.get_ident()
+
+        def hand_off() -> None:  # Step.HAND_OFF, in the stopping thread
+            if threading.get_ident() != me and not on_event_loop():
+                raised.wait(HANDOFF_S)
+
         wake = threading.Event()
         future.add_done_callback(lambda _: wake.set())
-        waiter = SyncWaiter()
-        remove = None
-        if stop is not None and stopped_error is not None:
-            stop.waiter = waiter
-            remove = stop.add_hook(wake.set, priority=PRIORITY_WAKE)
+        removes = [call.token.add_hook(wake.set, step=Step.WAKE), call.token.add_hook(hand_off, step=Step.HAND_OFF)]
         try:
-            wake.wait()
-            if not future.done() and stop is not None and stopped_error is not None and not stop.internal:
+            try:
+                wake.wait()
+            except BaseException:  # interrupted while waiting (Ctrl-C): stop, unwind, propagate
+                self._unwind(future, on_interrupt or call.token.stop)
+                raise
+            if not future.done() and call.token.stopped_by_caller:
                 if on_abandon is not None:
                     # The caller leaves now; once the step it abandoned has unwound on the loop,
                     # finish the job there (close the stream, release the call).
                     future.add_done_callback(lambda _: self.submit(on_abandon))
-                err = stopped_error()
-                waiter.raised.set()  # the stopping thread may sever now (StopToken._hand_off)
+                err = stop_error(call)
+                raised.set()  # the stopping thread may go on: sever, then the loop's work
                 raise err
-            return future.result()
-        except BaseException:
-            if future.done() or (stop is not None and stop.is_set and not stop.internal):
-                raise
-            # Interrupted while waiting (Ctrl-C): stop the call, let it unwind, then propagate.
-            if on_interrupt is not None:
-                on_interrupt()
-            try:
-                future.result(timeout=_UNWIND_WAIT)
-            except BaseException:
-                pass
-            raise
+            return self._wait(future, call, on_interrupt or call.token.stop)
         finally:
-            waiter.raised.set()
-            if stop is not None and stop.waiter is waiter:
-                stop.waiter = None
-            if remove is not None:
+            raised.set()
+            for remove in removes:
                 remove()
+
+    @staticmethod
+    def _wait(future: concurrent.futures.Future[T], call: Call | None, on_interrupt: Callable[[], object] | None) -> T:
+        try:
+            return future.result()
+        except SyncStop:
+            # The loop's word for "stopped": the one error is built here, for this caller.
+            assert call is not None
+            raise stop_error(call) from None
+        except BaseException:
+            if not future.done():  # interrupted while waiting (Ctrl-C): stop, unwind, propagate
+                Portal._unwind(future, on_interrupt)
+            raise
+
+    @staticmethod
+    def _unwind(future: concurrent.futures.Future[Any], on_interrupt: Callable[[], object] | None) -> None:
+        if on_interrupt is not None:
+            on_interrupt()
+        try:
+            future.result(timeout=_UNWIND_WAIT)
+        except BaseException:
+            pass
 
     def submit(self, fn: Callable[[], Coroutine[Any, Any, Any]]) -> None:
         """Fire and forget (cleanup from ``__del__``)."""
@@ -187,13 +208,7 @@ class SyncGenerationStream:
             raise StopIteration
         call = inner.call
         try:
-            return self._portal.run(
-                inner.__anext__,
-                on_interrupt=inner.cancel,
-                stop=call.token,
-                stopped_error=lambda: cancelled(call),
-                on_abandon=inner.aclose,
-            )
+            return self._portal.run(inner.__anext__, call=call, on_abandon=inner.aclose)
         except StopAsyncIteration:
             raise StopIteration from None
         except BaseException:

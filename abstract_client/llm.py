@@ -23,7 +23,6 @@ from .contract import (
     Call,
     CallSpec,
     GenerationStream,
-    cancelled,
     operation_spec,
     run_embedding,
     run_generation,
@@ -188,12 +187,7 @@ class LLM:
             features=(tools, tool_choice, response_format, reasoning),
             extra=extra,
         )
-        return self._portal.run(
-            lambda: run_generation(call),
-            on_interrupt=call.token.stop,
-            stop=call.token,
-            stopped_error=lambda: cancelled(call),
-        )
+        return self._portal.run(lambda: run_generation(call), call=call)
 
     async def agenerate(
         self,
@@ -352,12 +346,7 @@ class LLM:
         """Embed ``texts`` in batches of ``batch_size`` (the lane's default when None). A stop
         between batches raises ``GenerationCancelledError`` with ``partial_embeddings``."""
         call, inputs, size = self._embed_call(texts, batch_size, cancel_event, signal, timeout, request_id, model)
-        return self._portal.run(
-            lambda: run_embedding(call, inputs, batch_size=size, dimensions=dimensions),
-            on_interrupt=call.token.stop,
-            stop=call.token,
-            stopped_error=lambda: cancelled(call),
-        )
+        return self._portal.run(lambda: run_embedding(call, inputs, batch_size=size, dimensions=dimensions), call=call)
 
     async def aembed(
         self,

@@ -109,7 +109,7 @@ def guard_of(llm: Any, request_id: str) -> Any:
 
     token = llm._inflight._tokens[request_id]
     with token._lock:
-        hooks = list(token._hooks)
+        hooks = [hook for _, hook in token._hooks]
     return next(h.__self__ for h in hooks if isinstance(getattr(h, "__self__", None), SocketGuard))
 
 

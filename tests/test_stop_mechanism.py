@@ -70,6 +70,7 @@ class Stopper(threading.Thread):
             self.state = tcp_state(sock)  # the loop is held: nobody else can have touched it
         except BaseException as exc:
             self.failure = exc
+            self.stop_fn()  # let the caller go: check() reports the failure
 
     def check(self, server: FakeServer) -> float:
         """Assert the mechanism; return when the loop was let go."""
@@ -334,3 +335,33 @@ async def test_async_stop_during_a_backoff_ends_the_sleep(server: FakeServer, la
         assert len(server.requests()) == 1 and server.connections == 1
     finally:
         await llm.aclose()
+
+
+@pytest.mark.parametrize("how", ["generate", "stream", "embed"])
+def test_one_error_per_stop_on_the_sync_path(
+    server: FakeServer, llm: LLM, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sync caller builds the stop's error in its own thread; the loop unwinding behind it
+    builds none (it raises ``SyncStop``), so exactly one ``GenerationCancelledError`` exists."""
+    built: list[GenerationCancelledError] = []
+    real_init = GenerationCancelledError.__init__
+
+    def counting_init(self: GenerationCancelledError, *args: Any, **kwargs: Any) -> None:
+        built.append(self)
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(GenerationCancelledError, "__init__", counting_init)
+    server.behavior.token_delay = 0.01
+    server.behavior.embed_delay = 0.02
+    event = threading.Event()
+    threading.Timer(0.3, event.set).start()
+    with pytest.raises(GenerationCancelledError) as info:
+        if how == "generate":
+            llm.generate("x", max_tokens=100_000, cancel_event=event)
+        elif how == "stream":
+            for _ in llm.stream("x", max_tokens=100_000, cancel_event=event):
+                pass
+        else:
+            llm.embed([f"t{i}" for i in range(300)], batch_size=3, cancel_event=event)
+    assert wait_until(lambda: llm.in_flight == [], 10)  # the loop has unwound behind the caller
+    assert built == [info.value]

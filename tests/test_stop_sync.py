@@ -19,7 +19,7 @@ from abstract_client import (
 from abstract_client.http.guard import SocketGuard
 from abstract_client.testing import FakeServer
 
-from .helpers import set_later, wait_until
+from .helpers import guard_of, set_later, wait_until
 
 # Generous wall-clock bounds: this machine is shared (2 cores). Tight figures are in benchmarks/.
 PROMPT_STOP_S = 1.0
@@ -131,14 +131,6 @@ def test_stop_during_connect() -> None:
         listener.close()
 
 
-def _guard_of(llm: LLM, request_id: str) -> SocketGuard:
-    """The socket guard of a call in flight (its stop hook is the guard's bound ``sever``)."""
-    token = llm._inflight._tokens[request_id]
-    with token._lock:
-        hooks = list(token._hooks)
-    return next(h.__self__ for h in hooks if isinstance(getattr(h, "__self__", None), SocketGuard))  # type: ignore[attr-defined]
-
-
 @pytest.mark.parametrize("how", ["cancel", "cancel_all", "eject"])
 def test_a_call_without_a_stop_source_is_severed_the_same_way(server: FakeServer, llm: LLM, how: str) -> None:
     """No cancel_event, no signal: ``cancel(id)``, ``cancel_all()`` and an eject still reach the
@@ -149,7 +141,7 @@ def test_a_call_without_a_stop_source_is_severed_the_same_way(server: FakeServer
 
     def stop() -> None:
         assert wait_until(lambda: "req-42" in llm.in_flight)
-        found.append(_guard_of(llm, "req-42"))
+        found.append(guard_of(llm, "req-42"))
         server.wait_for_request(1)  # the server holds the request: a stop now must reach it
         stopped_at.append(time.perf_counter())
         if how == "cancel":

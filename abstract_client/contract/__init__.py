@@ -34,7 +34,7 @@ from .embed import run_embedding
 from .retry import RetryPolicy
 from .run import operation_spec, run_generation, run_operation
 from .stream import GenerationStream
-from .translate import cancelled, translate
+from .translate import SyncStop, cancelled, stop_error, translate
 
 __all__ = [
     "Call",
@@ -42,11 +42,13 @@ __all__ = [
     "GenerationStream",
     "Progress",
     "RetryPolicy",
+    "SyncStop",
     "cancelled",
     "operation_spec",
     "release",
     "run_embedding",
     "run_generation",
     "run_operation",
+    "stop_error",
     "translate",
 ]

@@ -40,8 +40,9 @@ def admit_now(call: Call) -> None:
     if token.is_set:  # rule 1: nothing is sent
         release(call)
         raise cancelled(call)
-    if call.provider.clients is not None:
-        call.guard = SocketGuard(token)
+    if call.provider.clients is not None:  # an HTTP lane: its stop severs the call's socket
+        call.guard = SocketGuard()
+        call.guard.register(token)
 
 
 def release(call: Call, *, clean: bool = False) -> None:

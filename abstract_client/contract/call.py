@@ -134,6 +134,7 @@ class Call:
         "registry",
         "released",
         "spec",
+        "sync",
         "t0",
         "token",
         "wire_request",
@@ -159,6 +160,7 @@ class Call:
         # by ``output.prepare`` (a forced tool call on a backend without native tool calling).
         self.wire_request: GenerationRequest = spec.request
         self.prepared = False
+        self.sync = False  # a sync caller waits on it: that caller builds the stop's error (_sync)
         self.ctx = CallContext(
             token=token,
             request_id=token.request_id,

@@ -22,7 +22,7 @@ from .call import Call
 from .output import finish_output, prepare
 from .run import result_of, with_retries
 from .scope import needs_scope, step
-from .translate import cancelled, judge_complete, raise_translated, stopped_by_user
+from .translate import cancelled, judge_complete, raise_translated
 
 __all__ = ["GenerationStream", "Source", "open_source"]
 
@@ -156,7 +156,7 @@ class GenerationStream:
     async def _deliver(self, chunk: StreamChunk) -> StreamChunk:
         call = self._call
         chunk = call.progress.record(chunk)
-        if stopped_by_user(call):
+        if call.token.stopped_by_caller:
             await self._finish()
             raise cancelled(call)  # rule 7: a stop wins over a chunk that raced it
         return chunk

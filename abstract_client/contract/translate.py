@@ -19,7 +19,16 @@ from ..errors import AbstractClientError, GenerationCancelledError, ProviderProt
 from ..http.mapping import map_transport_error
 from .call import Call
 
-__all__ = ["attach", "cancelled", "classify", "judge_complete", "raise_translated", "stopped_by_user", "translate"]
+__all__ = [
+    "SyncStop",
+    "attach",
+    "cancelled",
+    "classify",
+    "judge_complete",
+    "raise_translated",
+    "stop_error",
+    "translate",
+]
 
 
 def translate(call: Call, exc: BaseException) -> BaseException:
@@ -31,9 +40,9 @@ def translate(call: Call, exc: BaseException) -> BaseException:
         # KeyboardInterrupt/SystemExit): sever the connection now and let it through unchanged.
         call.token.stop("user", internal=True)
         return exc
-    if isinstance(exc, GenerationCancelledError):
+    if isinstance(exc, (GenerationCancelledError, SyncStop)):
         return exc  # already the stop: translated once, where it happened
-    if call.token.is_set and not call.token.internal:
+    if call.token.stopped_by_caller:
         return cancelled(call)  # rule 4
     err = classify(call, exc)
     if call.guard is not None:
@@ -75,8 +84,23 @@ def attach(call: Call, err: AbstractClientError) -> AbstractClientError:
     return err
 
 
-def cancelled(call: Call) -> GenerationCancelledError:
-    """The stop, as the caller sees it."""
+class SyncStop(Exception):
+    """What the loop raises for the stop of a SYNC call: its caller builds the one
+    ``GenerationCancelledError`` itself (:func:`stop_error`), in its own thread, at once
+    (``_sync.Portal``), so the loop never builds a second one nobody reads, and never raises
+    an error object that another thread is already handling."""
+
+    __slots__ = ()
+
+
+def cancelled(call: Call) -> GenerationCancelledError | SyncStop:
+    """What the contract raises for the stop (on the loop): the error itself (async callers),
+    or :class:`SyncStop` (sync callers build theirs)."""
+    return SyncStop() if call.sync else stop_error(call)
+
+
+def stop_error(call: Call) -> GenerationCancelledError:
+    """The stop, as the caller sees it (rule 8 attached)."""
     token = call.token
     elapsed = None if token.stopped_at is None else (time.perf_counter() - token.stopped_at) * 1000
     err = GenerationCancelledError(
@@ -87,11 +111,6 @@ def cancelled(call: Call) -> GenerationCancelledError:
     )
     attach(call, err)
     return err
-
-
-def stopped_by_user(call: Call) -> bool:
-    """The stop is the caller's (not a consumer leaving a stream, which is no error)."""
-    return call.token.is_set and not call.token.internal
 
 
 def judge_complete(call: Call) -> bool:

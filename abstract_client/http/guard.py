@@ -27,7 +27,7 @@ import typing
 
 import httpcore
 
-from ..stopping.token import PRIORITY_SEVER, PRIORITY_TELL, StopToken
+from ..stopping.token import Step, StopToken
 
 __all__ = ["GuardedBackend", "SocketGuard", "current_guard"]
 
@@ -39,16 +39,18 @@ current_guard: contextvars.ContextVar[SocketGuard | None] = contextvars.ContextV
 class SocketGuard:
     """Owns the socket of one call's private connection."""
 
-    def __init__(self, token: StopToken | None = None) -> None:
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self.severed_at: float | None = None
         self.connected = False
         self._requested = False
         self._shut = False
-        if token is not None:
-            token.add_hook(self.tell_server, priority=PRIORITY_TELL)
-            token.add_hook(self.sever, priority=PRIORITY_SEVER)
+
+    def register(self, token: StopToken) -> None:
+        """Take this guard's two steps of ``token``'s stop: tell the server, then sever."""
+        token.add_hook(self.tell_server, step=Step.TELL)
+        token.add_hook(self.sever, step=Step.SEVER)
 
     def attach(self, sock: socket.socket | None) -> None:
         with self._lock:
@@ -68,7 +70,7 @@ class SocketGuard:
     def tell_server(self) -> None:
         """``shutdown(SHUT_WR)``: the server sees EOF (the FIN it would see from a full
         shutdown) while our side stays quiet, so the event loop is not woken yet — a woken sync
-        caller raises first (see ``StopToken._hand_off``); :meth:`sever` follows."""
+        caller raises first (``Step.HAND_OFF``); :meth:`sever` follows."""
         with self._lock:
             sock = self._sock
             if sock is None or self.severed_at is not None:

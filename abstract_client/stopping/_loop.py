@@ -44,6 +44,15 @@ def loop_caller() -> LoopCaller:
     return call_asyncio
 
 
+def on_event_loop() -> bool:
+    """Whether this thread is running an event loop (asyncio or trio) right now."""
+    try:
+        sniffio.current_async_library()
+    except sniffio.AsyncLibraryNotFoundError:
+        return False
+    return True
+
+
 def loop_key() -> object:
     """An identity for the running event loop, to keep per-loop resources apart."""
     lib = sniffio.current_async_library()

@@ -10,6 +10,7 @@ The :class:`InflightRegistry` knows every call an ``LLM`` has in flight, so ``ca
 
 from __future__ import annotations
 
+import enum
 import logging
 import threading
 import time
@@ -17,45 +18,47 @@ from collections.abc import Callable
 from typing import cast
 
 import anyio
-import sniffio
 
 from ..errors import StopReason
+from ._loop import on_event_loop
 from .abort import AbortSignal
 from .event_hook import on_set
 
-__all__ = ["HANDOFF_S", "Hook", "InflightRegistry", "StopToken", "SyncWaiter", "reason_from_signal"]
+__all__ = ["Hook", "InflightRegistry", "Step", "StopToken", "reason_from_signal"]
 
 log = logging.getLogger(__name__)
 
 Hook = Callable[[], object]
-# Hook order on a stop: wake a blocked sync caller, tell the server (FIN: the syscall drops the
-# GIL, and the woken caller takes it), [hand-off], sever our own side (wakes the loop's read),
-# then the loop's work.
-PRIORITY_WAKE, PRIORITY_TELL, PRIORITY_SEVER, PRIORITY_LOOP = 0, 1, 2, 3
-# How long a stop may hold the sever back while the sync caller it just woke raises (see stop()).
-HANDOFF_S = 0.002
 
 
-class SyncWaiter:
-    """A sync caller blocked on a call (the portal registers one): ``raised`` is set the moment
-    it is about to raise, or leaves for any other reason."""
+class Step(enum.IntEnum):
+    """What a stop does, in this order, in the thread that requested it (:meth:`StopToken.stop`):
 
-    __slots__ = ("ident", "raised")
+    1. ``WAKE``: a sync caller blocked on the call is woken; it raises the stop itself, without
+       waiting for the event loop (``_sync.Portal``).
+    2. ``TELL``: the server is told: ``shutdown(SHUT_WR)`` on the call's socket sends our FIN,
+       which is what makes llama-server, vLLM, Ollama and LM Studio stop decoding
+       (``http.guard.SocketGuard.tell_server``). The syscall drops the GIL: the woken caller runs.
+    3. ``HAND_OFF``: the stopping thread waits, at most ``_sync.HANDOFF_S`` (2 ms), for that caller
+       to raise, so that the next steps, which wake the loop thread, do not take the GIL from it
+       (``_sync.Portal``; skipped from the caller's own thread or an event loop).
+    4. ``SEVER``: our side is shut (``shutdown(SHUT_RDWR)``): a read blocked on the socket wakes
+       with EOF, on any event loop or none (``SocketGuard.sever``).
+    5. ``LOOP``: the event loop's share: the call's cancel scope is cancelled (``contract.scope``),
+       an in-process engine's flag is read by its worker before the next token.
 
-    def __init__(self) -> None:
-        self.ident = threading.get_ident()
-        self.raised = threading.Event()
+    Hooks of one step run in the order they were added; a hook that raises is logged and the
+    others still run.
+    """
+
+    WAKE = 0
+    TELL = 1
+    HAND_OFF = 2
+    SEVER = 3
+    LOOP = 4
 
 
 _REASONS = ("user", "timeout", "model_eject", "shutdown")
-
-
-def _on_event_loop() -> bool:
-    try:
-        sniffio.current_async_library()
-    except sniffio.AsyncLibraryNotFoundError:
-        return False
-    return True
 
 
 def reason_from_signal(reason: object) -> StopReason:
@@ -72,15 +75,13 @@ class StopToken:
     def __init__(self, request_id: str) -> None:
         self.request_id = request_id
         self._lock = threading.Lock()
-        self._hooks: list[Hook] = []
-        self._priorities: list[int] = []
+        self._hooks: list[tuple[Step, Hook]] = []  # kept in Step order
         self._unbinds: list[Callable[[], None]] = []
         self.reason: StopReason | None = None
         self.signal_reason: object = None
         self.stopped_at: float | None = None  # time.perf_counter() when the stop was requested
         self.internal = False  # set for stops that are not the user's (a consumer leaving a stream)
         self._sources: tuple[threading.Event | None, AbortSignal | None] = (None, None)
-        self.waiter: SyncWaiter | None = None
 
     def __repr__(self) -> str:
         return f"<StopToken {self.request_id} reason={self.reason}>"
@@ -88,6 +89,13 @@ class StopToken:
     @property
     def is_set(self) -> bool:
         return self.reason is not None
+
+    @property
+    def stopped_by_caller(self) -> bool:
+        """The stop is the caller's (a source, ``cancel(id)``, an eject, a deadline), not a
+        consumer leaving a stream or a framework cancellation, which end the call without an
+        error of ours."""
+        return self.reason is not None and not self.internal
 
     def stop(
         self,
@@ -105,14 +113,9 @@ class StopToken:
             self.signal_reason = signal_reason
             self.internal = internal
             self.reason = reason
-            hooks, priorities = self._hooks, self._priorities
-            self._hooks, self._priorities = [], []
+            hooks, self._hooks = self._hooks, []
         log.debug("stop %s: %s", self.request_id, reason)
-        handed_off = False
-        for hook, priority in zip(hooks, priorities, strict=True):
-            if priority > PRIORITY_TELL and not handed_off:
-                handed_off = True
-                self._hand_off()
+        for _, hook in hooks:  # in Step order: see Step
             try:
                 hook()
             except Exception:
@@ -121,44 +124,28 @@ class StopToken:
         # just woke (the event loop, a blocked sync caller) run at once instead of waiting for
         # this thread to block or for the 5 ms switch interval. On an event loop's own thread
         # that would only let unrelated threads in before the loop does the work itself.
-        if not _on_event_loop():
+        if not on_event_loop():
             time.sleep(0)
         return True
 
-    def _hand_off(self) -> None:
-        """Let a sync caller that the wake hooks just woke raise before our side of the socket is
-        shut and the loop hooks run: those wake the loop thread, which would hold the GIL for
-        its ~0.5 ms of unwinding while the woken caller waits to raise. The server was already
-        told (PRIORITY_TELL). Bounded by ``HANDOFF_S``; skipped when this thread is the caller's
-        or an event loop's."""
-        waiter = self.waiter
-        if waiter is None or waiter.ident == threading.get_ident() or _on_event_loop():
-            return
-        waiter.raised.wait(HANDOFF_S)
-
-    def add_hook(self, hook: Hook, *, priority: int = PRIORITY_LOOP) -> Callable[[], None]:
-        """Run ``hook()`` when the stop is requested, or now if it already was. Hooks run by
-        ``priority``: waking a blocked sync caller (it raises without waiting for anything),
-        telling the server (``shutdown(SHUT_WR)``: it sees EOF now), then shutting our side of
-        the socket, then the event-loop work."""
+    def add_hook(self, hook: Hook, *, step: Step = Step.LOOP) -> Callable[[], None]:
+        """Run ``hook()`` at ``step`` of the stop (see :class:`Step`), or now if the stop was
+        already requested. Returns a function that removes the hook."""
         with self._lock:
-            if self.reason is None:
+            run_now = self.reason is not None
+            if not run_now:
                 at = len(self._hooks)
-                while at and self._priorities[at - 1] > priority:
+                while at and self._hooks[at - 1][0] > step:
                     at -= 1
-                self._hooks.insert(at, hook)
-                self._priorities.insert(at, priority)
-                run_now = False
-            else:
-                run_now = True
+                self._hooks.insert(at, (step, hook))
         if run_now:
             hook()
 
         def remove() -> None:
             with self._lock:
-                for i, h in enumerate(self._hooks):
+                for i, (_, h) in enumerate(self._hooks):
                     if h is hook:
-                        del self._hooks[i], self._priorities[i]
+                        del self._hooks[i]
                         break
 
         return remove
@@ -196,13 +183,13 @@ class StopToken:
         The contract's final decision (rule 7) uses this, so "a stop requested before the result
         is handed over wins" holds to the instant, not to when a listener got scheduled."""
         if self.reason is not None:
-            return not self.internal
+            return self.stopped_by_caller
         cancel_event, signal = self._sources
         if signal is not None and signal.aborted:
             self.stop(reason_from_signal(signal.reason), signal_reason=signal.reason, at=signal.aborted_at)
         elif cancel_event is not None and cancel_event.is_set():
             self.stop("user")
-        return self.reason is not None and not self.internal
+        return self.stopped_by_caller
 
     def release(self) -> None:
         """Detach from the caller's sources once the call is over."""
@@ -212,7 +199,6 @@ class StopToken:
             unbind()
         with self._lock:
             self._hooks.clear()
-            self._priorities.clear()
 
 
 class InflightRegistry:
