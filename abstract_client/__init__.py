@@ -24,7 +24,7 @@ from .errors import (
     ServerUnavailableError,
     TransportError,
 )
-from .llm import LLM
+from .llm import LLM, GenerateOptions
 from .output.history import continue_after
 from .output.structured import function_tool
 from .provider import CallContext, Completion, EmbeddingBatch, ModelInfo, Provider, UnloadReport
@@ -51,6 +51,7 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = [
     "LLM",
+    "GenerateOptions",
     "AbortController",
     "AbortError",
     "AbortSignal",

@@ -175,6 +175,10 @@ class Portal:
 
 
 class SyncGenerationStream:
+    """What :meth:`LLM.stream` returns: an iterator of :class:`StreamChunk` that is also a
+    context manager. Each ``next()`` runs the async stream's step on the LLM's loop thread; a
+    stop raises ``GenerationCancelledError`` from ``next()`` at once."""
+
     def __init__(self, inner: GenerationStream, portal: Portal, owner: Any = None) -> None:
         self._inner = inner
         self._portal = portal
@@ -186,13 +190,16 @@ class SyncGenerationStream:
 
     @property
     def request_id(self) -> str:
+        """The call's id (for ``llm.cancel``)."""
         return self._inner.request_id
 
     @property
     def text(self) -> str:
+        """Everything received so far."""
         return self._inner.text
 
     def result(self) -> GenerateResult:
+        """The whole answer, once the stream has ended (``RuntimeError`` before)."""
         return self._inner.result()
 
     def cancel(self, reason: str = "user") -> None:
@@ -216,6 +223,7 @@ class SyncGenerationStream:
             raise
 
     def close(self) -> None:
+        """Stop the generation now if it is still running (the server sees the connection go)."""
         if self._inner.state == "open":
             self._portal.run(self._inner.aclose)
         else:

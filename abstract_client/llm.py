@@ -14,7 +14,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar, Unpack
 
 import anyio
 
@@ -36,12 +36,75 @@ from .stopping.abort import AbortSignal
 from .stopping.token import InflightRegistry, StopToken
 from .types import EmbeddingResult, GenerateResult, GenerationRequest, Message, Timeout
 
-__all__ = ["LLM"]
+__all__ = ["LLM", "GenerateOptions"]
 
 T = TypeVar("T")
 _REASONING = (None, False, True, "low", "medium", "high")
 
 log = logging.getLogger(__name__)
+
+
+class GenerateOptions(TypedDict, total=False):
+    """The options of :meth:`LLM.generate`, :meth:`~LLM.agenerate`, :meth:`~LLM.stream` and
+    :meth:`~LLM.astream`, written once. All are keyword-only and optional.
+
+    Attributes:
+        messages: the conversation (OpenAI-style dicts: ``role``, ``content`` — a string or
+            content parts —, ``tool_calls``, ``tool_call_id``); the prompt, if any, comes last.
+        system: a system message put first.
+        max_tokens: the most tokens to generate (the lane's default when None).
+        temperature: sampling temperature (0 or None: greedy where the lane allows).
+        seed: a sampling seed, where the lane honours one.
+        stop: stop sequences (text that ends the answer; not a cancellation).
+        cancel_event: a ``threading.Event``: setting it stops the call, from any thread.
+        signal: an :class:`AbortSignal` (``AbortController().signal``, ``AbortSignal.timeout``).
+        timeout: seconds for the whole call, or a :class:`Timeout` (connect, first token, idle,
+            total); the LLM's default when None.
+        request_id: the call's id, for ``llm.cancel(request_id)`` and the server's logs
+            (unique among the calls in flight; a fresh one when None).
+        tools: tool specs (OpenAI function specs, ``{"name", "parameters"}`` dicts) or typed
+            Python functions (see :func:`function_tool`).
+        tool_choice: ``"auto"``, ``"none"``, ``"required"`` or a named function.
+        response_format: a JSON schema dict, OpenAI's ``json_schema``/``json_object`` forms, or
+            a pydantic model class; the answer is parsed into ``GenerateResult.parsed``.
+        reasoning: the model's thinking switch or level (``True``/``False``, ``"low"``,
+            ``"medium"``, ``"high"``), where the lane has one.
+        raw: send ``prompt`` as plain text, without the chat template.
+        plain_wire: for a non-streaming call, use the server's plain route instead of the
+            streaming wire (the server then notices a stop only at its next connection poll).
+        model: another model than the LLM's, for this call.
+        top_p, top_k, min_p, logit_bias, repetition_penalty, presence_penalty,
+            frequency_penalty: sampling fields every lane that has them honours (sent as they
+            are; ``logit_bias`` maps token ids to biases).
+        extra: any other lane-specific request fields, sent as they are (unknown keywords are
+            treated the same way at run time, but only ``extra`` is typed for them).
+    """
+
+    messages: list[Message] | None
+    system: str | None
+    max_tokens: int | None
+    temperature: float | None
+    seed: int | None
+    stop: str | list[str] | None
+    cancel_event: threading.Event | None
+    signal: AbortSignal | None
+    timeout: Timeout | float | None
+    request_id: str | None
+    tools: list[Any] | None
+    tool_choice: str | dict[str, Any] | None
+    response_format: Any
+    reasoning: bool | str | None
+    raw: bool
+    plain_wire: bool
+    model: str | None
+    top_p: float
+    top_k: int
+    min_p: float
+    logit_bias: dict[int | str, float]
+    repetition_penalty: float
+    presence_penalty: float
+    frequency_penalty: float
+    extra: dict[str, Any]
 
 
 class LLM:
@@ -67,10 +130,12 @@ class LLM:
 
     @property
     def provider_name(self) -> str:
+        """The lane's registered name (``"llamacpp"``, ``"mlx"``, ...)."""
         return self.provider.name
 
     @property
     def model(self) -> str | None:
+        """The model this LLM asks for (a path for in-process lanes)."""
         return self.provider.model
 
     @property
@@ -89,24 +154,13 @@ class LLM:
         an eject in progress."""
         return Call(spec, StopToken(request_id or uuid.uuid4().hex), self._inflight, gate=self._ejecting)
 
-    def _call(
-        self,
-        prompt: str | None,
-        *,
-        messages: list[Message] | None,
-        system: str | None,
-        max_tokens: int | None,
-        temperature: float | None,
-        seed: int | None,
-        stop: str | list[str] | None,
-        cancel_event: object,
-        signal: object,
-        timeout: Timeout | float | None,
-        request_id: str | None,
-        features: tuple[Any, Any, Any, Any],
-        extra: dict[str, Any],
-    ) -> Call:
+    def _call(self, prompt: str | None, options: GenerateOptions) -> Call:
+        """The one constructor of a generation call, shared by the four generation methods:
+        every option is checked here, before anything is held or sent."""
         self._ensure_open()
+        extra: dict[str, Any] = dict(options)
+        messages: list[Message] | None = extra.pop("messages", None)
+        system: str | None = extra.pop("system", None)
         if prompt is None and not messages:
             raise ValueError("pass a prompt or messages")
         msgs: list[Message] = []
@@ -115,27 +169,32 @@ class LLM:
         msgs.extend(messages or [])
         if prompt is not None:
             msgs.append({"role": "user", "content": prompt})
-        raw = bool(extra.pop("raw", False))
-        plain_wire = bool(extra.pop("plain_wire", False))
-        tools, tool_choice, response_format, reasoning = features
-        normalized_tools = normalize_tools(tools)
+        cancel_event = extra.pop("cancel_event", None)
+        signal = extra.pop("signal", None)
+        timeout = extra.pop("timeout", None)
+        request_id = extra.pop("request_id", None)
+        stop = extra.pop("stop", None)
+        reasoning = extra.pop("reasoning", None)
+        normalized_tools = normalize_tools(extra.pop("tools", None))
         if reasoning not in _REASONING:
             raise ValueError(f"reasoning must be one of {_REASONING}, not {reasoning!r}")
+        tool_choice = extra.pop("tool_choice", None)
+        response_format = extra.pop("response_format", None)
         request = GenerationRequest(
             messages=msgs,
             model=extra.pop("model", None) or self.provider.model,
             prompt=prompt,
-            raw=raw,
-            plain_wire=plain_wire,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            seed=seed,
+            raw=bool(extra.pop("raw", False)),
+            plain_wire=bool(extra.pop("plain_wire", False)),
+            max_tokens=extra.pop("max_tokens", None),
+            temperature=extra.pop("temperature", None),
+            seed=extra.pop("seed", None),
             stop=[stop] if isinstance(stop, str) else (list(stop) if stop else None),
             tools=normalized_tools,
             tool_choice=normalize_tool_choice(tool_choice, normalized_tools),
             response_format=response_format_from(response_format),
             reasoning=reasoning,
-            extra=extra,
+            extra={**(extra.pop("extra", None) or {}), **extra},  # lane-specific fields, sent as they are
         )
         StopToken.check_sources(cancel_event, signal)  # a TypeError now, never ignored
         spec = CallSpec(
@@ -143,8 +202,8 @@ class LLM:
             request=request,
             timeout=Timeout.coerce(timeout, self.timeout),
             retry=self.retry,
-            cancel_event=cancel_event,  # type: ignore[arg-type]
-            signal=signal,  # type: ignore[arg-type]
+            cancel_event=cancel_event,
+            signal=signal,
         )
         # Every generation runs on a severable private connection: whether it is stopped by its
         # own source, cancel(id), cancel_all() or an eject, the server hears it the same way.
@@ -152,152 +211,65 @@ class LLM:
 
     # -- generation ---------------------------------------------------------------------------
 
-    def generate(
-        self,
-        prompt: str | None = None,
-        *,
-        messages: list[Message] | None = None,
-        system: str | None = None,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        seed: int | None = None,
-        stop: str | list[str] | None = None,
-        cancel_event: threading.Event | None = None,
-        signal: Any = None,
-        timeout: Timeout | float | None = None,
-        request_id: str | None = None,
-        tools: list[Any] | None = None,
-        tool_choice: str | dict[str, Any] | None = None,
-        response_format: Any = None,
-        reasoning: bool | str | None = None,
-        **extra: Any,
-    ) -> GenerateResult:
-        call = self._call(
-            prompt,
-            messages=messages,
-            system=system,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            seed=seed,
-            stop=stop,
-            cancel_event=cancel_event,
-            signal=signal,
-            timeout=timeout,
-            request_id=request_id,
-            features=(tools, tool_choice, response_format, reasoning),
-            extra=extra,
-        )
+    def generate(self, prompt: str | None = None, **options: Unpack[GenerateOptions]) -> GenerateResult:
+        """Generate a whole answer, blocking this thread (the call runs on the LLM's loop thread).
+
+        Args:
+            prompt: the user's message (sent as one user message; with ``raw=True``, the text
+                itself). Pass ``prompt`` or ``messages=`` (or both: the prompt comes last).
+            **options: see :class:`GenerateOptions` — messages, sampling, ``cancel_event`` /
+                ``signal`` (the stop), ``timeout``, ``request_id``, tools, ``response_format``,
+                ``reasoning``, and lane-specific fields.
+
+        Returns:
+            The complete answer: text, ``finish_reason``, ``usage``, ``timings``, ``tool_calls``,
+            ``parsed`` (structured output), ``reasoning``.
+
+        Raises:
+            GenerationCancelledError: the stop was requested (any source): raised at once in this
+                thread, with the partial text; never retried.
+            GenerationTimeoutError: a deadline of ``timeout`` passed.
+            ProviderError: the backend answered with an error (typed: ``ModelNotFoundError``,
+                ``ContextOverflowError``, ``RateLimitError``, ...); retryable ones were retried.
+            ProviderProtocolError: the answer was malformed (partial text kept).
+            TransportError: the connection failed or was dropped by the peer.
+            OutputValidationError: the answer does not match ``response_format`` or the tools.
+            TypeError, ValueError: a wrong argument; nothing was sent.
+        """
+        call = self._call(prompt, options)
         return self._portal.run(lambda: run_generation(call), call=call)
 
-    async def agenerate(
-        self,
-        prompt: str | None = None,
-        *,
-        messages: list[Message] | None = None,
-        system: str | None = None,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        seed: int | None = None,
-        stop: str | list[str] | None = None,
-        cancel_event: threading.Event | None = None,
-        signal: Any = None,
-        timeout: Timeout | float | None = None,
-        request_id: str | None = None,
-        tools: list[Any] | None = None,
-        tool_choice: str | dict[str, Any] | None = None,
-        response_format: Any = None,
-        reasoning: bool | str | None = None,
-        **extra: Any,
-    ) -> GenerateResult:
-        call = self._call(
-            prompt,
-            messages=messages,
-            system=system,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            seed=seed,
-            stop=stop,
-            cancel_event=cancel_event,
-            signal=signal,
-            timeout=timeout,
-            request_id=request_id,
-            features=(tools, tool_choice, response_format, reasoning),
-            extra=extra,
-        )
+    async def agenerate(self, prompt: str | None = None, **options: Unpack[GenerateOptions]) -> GenerateResult:
+        """:meth:`generate` for async code (asyncio or trio). Cancelling the task stops the call
+        and re-raises the framework's own cancellation unchanged. Same arguments, result and
+        errors."""
+        call = self._call(prompt, options)
         return await run_generation(call)
 
-    def stream(
-        self,
-        prompt: str | None = None,
-        *,
-        messages: list[Message] | None = None,
-        system: str | None = None,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        seed: int | None = None,
-        stop: str | list[str] | None = None,
-        cancel_event: threading.Event | None = None,
-        signal: Any = None,
-        timeout: Timeout | float | None = None,
-        request_id: str | None = None,
-        tools: list[Any] | None = None,
-        tool_choice: str | dict[str, Any] | None = None,
-        response_format: Any = None,
-        reasoning: bool | str | None = None,
-        **extra: Any,
-    ) -> SyncGenerationStream:
-        call = self._call(
-            prompt,
-            messages=messages,
-            system=system,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            seed=seed,
-            stop=stop,
-            cancel_event=cancel_event,
-            signal=signal,
-            timeout=timeout,
-            request_id=request_id,
-            features=(tools, tool_choice, response_format, reasoning),
-            extra=extra,
-        )
+    def stream(self, prompt: str | None = None, **options: Unpack[GenerateOptions]) -> SyncGenerationStream:
+        """Stream the answer as :class:`StreamChunk` s, from this thread.
+
+        Nothing is sent until the first ``next()``. ``break``, ``close()`` or leaving a ``with``
+        block stops the generation at once (the server sees the connection go); ``cancel()``
+        stops it from any thread. After the end, ``result()`` gives the whole answer.
+
+        Args:
+            prompt: as for :meth:`generate`.
+            **options: see :class:`GenerateOptions`.
+
+        Returns:
+            An iterator of chunks that is also a context manager.
+
+        Raises:
+            The errors of :meth:`generate`, from the ``next()`` where they happen.
+        """
+        call = self._call(prompt, options)
         return SyncGenerationStream(GenerationStream(call), self._portal, owner=self)
 
-    def astream(
-        self,
-        prompt: str | None = None,
-        *,
-        messages: list[Message] | None = None,
-        system: str | None = None,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        seed: int | None = None,
-        stop: str | list[str] | None = None,
-        cancel_event: threading.Event | None = None,
-        signal: Any = None,
-        timeout: Timeout | float | None = None,
-        request_id: str | None = None,
-        tools: list[Any] | None = None,
-        tool_choice: str | dict[str, Any] | None = None,
-        response_format: Any = None,
-        reasoning: bool | str | None = None,
-        **extra: Any,
-    ) -> GenerationStream:
-        call = self._call(
-            prompt,
-            messages=messages,
-            system=system,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            seed=seed,
-            stop=stop,
-            cancel_event=cancel_event,
-            signal=signal,
-            timeout=timeout,
-            request_id=request_id,
-            features=(tools, tool_choice, response_format, reasoning),
-            extra=extra,
-        )
+    def astream(self, prompt: str | None = None, **options: Unpack[GenerateOptions]) -> GenerationStream:
+        """:meth:`stream` for async code: an async iterator of chunks that is also an async
+        context manager (``aclose()`` or leaving the block stops the generation at once)."""
+        call = self._call(prompt, options)
         return GenerationStream(call)
 
     # -- embeddings and tokens ------------------------------------------------------------------
@@ -344,7 +316,26 @@ class LLM:
         model: str | None = None,
     ) -> EmbeddingResult:
         """Embed ``texts`` in batches of ``batch_size`` (the lane's default when None). A stop
-        between batches raises ``GenerationCancelledError`` with ``partial_embeddings``."""
+        between batches raises ``GenerationCancelledError`` with ``partial_embeddings``.
+
+        Args:
+            texts: one string or a list of strings.
+            batch_size: inputs per request (the lane's default when None).
+            dimensions: the vector length, where the model can shorten it.
+            cancel_event, signal: the stop, as for :meth:`generate`.
+            timeout: seconds for the whole call (every batch).
+            request_id: as for :meth:`generate`.
+            model: another model than the LLM's.
+
+        Returns:
+            The vectors in input order, ``usage`` and ``model``.
+
+        Raises:
+            GenerationCancelledError: stopped; ``partial_embeddings`` holds the finished batches.
+            GenerationTimeoutError, ProviderError, TransportError: as for :meth:`generate`
+                (with the finished batches kept).
+            NotSupportedError: the lane or model has no embeddings.
+        """
         call, inputs, size = self._embed_call(texts, batch_size, cancel_event, signal, timeout, request_id, model)
         return self._portal.run(lambda: run_embedding(call, inputs, batch_size=size, dimensions=dimensions), call=call)
 
@@ -360,14 +351,23 @@ class LLM:
         request_id: str | None = None,
         model: str | None = None,
     ) -> EmbeddingResult:
+        """:meth:`embed` for async code; same arguments, result and errors."""
         call, inputs, size = self._embed_call(texts, batch_size, cancel_event, signal, timeout, request_id, model)
         return await run_embedding(call, inputs, batch_size=size, dimensions=dimensions)
 
     def count_tokens(
         self, prompt: str | None = None, *, messages: list[Message] | None = None, timeout: float | None = 30.0
     ) -> int:
-        """Tokens of ``prompt`` as given, or of ``messages`` with the chat template applied.
-        ``NotSupportedError`` on lanes without a tokenize route (Ollama, LM Studio)."""
+        """Tokens of ``prompt`` as given, or of ``messages`` with the chat template applied (what
+        ``generate(messages=...)`` reports as ``usage.prompt_tokens``).
+
+        Returns:
+            The number of tokens, by the model's own tokenizer.
+
+        Raises:
+            NotSupportedError: the lane has no tokenize route (Ollama, LM Studio).
+            GenerationTimeoutError, ProviderError, TransportError: as for :meth:`generate`.
+        """
         return self._run_operation(
             lambda rid: self.acount_tokens(prompt, messages=messages, timeout=timeout, request_id=rid)
         )
@@ -380,6 +380,7 @@ class LLM:
         timeout: float | None = 30.0,
         request_id: str | None = None,
     ) -> int:
+        """:meth:`count_tokens` for async code."""
         if (prompt is None) == (messages is None):
             raise ValueError("pass a prompt or messages (one of them)")
         request = GenerationRequest(
@@ -429,6 +430,16 @@ class LLM:
     def list_models(
         self, *, timeout: float | None = 30.0, cancel_event: threading.Event | None = None, signal: Any = None
     ) -> list[ModelInfo]:
+        """The models the backend has (``ModelInfo``: id, loaded).
+
+        Args:
+            timeout: seconds for the whole operation.
+            cancel_event, signal: a stop, as for :meth:`generate` (``close()`` stops it too).
+
+        Raises:
+            NotSupportedError: the lane cannot list models.
+            GenerationCancelledError, GenerationTimeoutError, ProviderError, TransportError.
+        """
         return self._run_operation(
             lambda rid: self.alist_models(timeout=timeout, cancel_event=cancel_event, signal=signal, request_id=rid)
         )
@@ -441,11 +452,22 @@ class LLM:
         signal: Any = None,
         request_id: str | None = None,
     ) -> list[ModelInfo]:
+        """:meth:`list_models` for async code."""
         return await self._operation(self.provider.list_models, timeout, cancel_event, signal, request_id)
 
     def load_model(
         self, *, timeout: float | None = 600.0, cancel_event: threading.Event | None = None, signal: Any = None
     ) -> None:
+        """Load (warm) the model, so that the first call does not pay for it.
+
+        Args:
+            timeout: seconds for the whole operation.
+            cancel_event, signal: a stop, as for :meth:`generate` (``close()`` stops it too).
+
+        Raises:
+            NotSupportedError: the lane cannot load models.
+            GenerationCancelledError, GenerationTimeoutError, ProviderError, TransportError.
+        """
         self._run_operation(
             lambda rid: self.aload_model(timeout=timeout, cancel_event=cancel_event, signal=signal, request_id=rid)
         )
@@ -458,17 +480,34 @@ class LLM:
         signal: Any = None,
         request_id: str | None = None,
     ) -> None:
+        """:meth:`load_model` for async code."""
         await self._operation(self.provider.load_model, timeout, cancel_event, signal, request_id)
 
     def unload_model(self, drain_timeout: float = 30.0, *, timeout: float | None = 120.0) -> UnloadReport:
+        """Eject the model: new calls wait; this LLM's calls in flight are stopped (reason
+        ``model_eject``) and drained; then the lane unloads it (in-process lanes free the
+        memory). The LLM stays usable: the next call reloads.
+
+        Args:
+            drain_timeout: seconds to wait for the stopped calls (and an in-process engine) to
+                be idle; nothing is freed under a running computation.
+            timeout: seconds for the lane's own unload.
+
+        Returns:
+            What was stopped and freed (``stopped_requests``, memory before and after).
+
+        Raises:
+            ModelBusyError: still busy at ``drain_timeout``; nothing was unloaded.
+            NotSupportedError: the lane cannot unload models.
+        """
         return self._run_operation(lambda rid: self.aunload_model(drain_timeout, timeout=timeout, request_id=rid))
 
     async def aunload_model(
         self, drain_timeout: float = 30.0, *, timeout: float | None = 120.0, request_id: str | None = None
     ) -> UnloadReport:
-        """Eject: refuse new calls meanwhile, stop ours in flight (reason ``model_eject``), wait
-        for them to drain, then the lane's own unload (bounded by ``timeout``). The LLM stays
-        usable afterwards."""
+        """:meth:`unload_model` for async code: refuse new calls meanwhile, stop ours in flight
+        (reason ``model_eject``), wait for them to drain, then the lane's own unload (bounded by
+        ``timeout``). The LLM stays usable afterwards."""
         self._ejecting.set()
         try:
             started = time.monotonic()
@@ -490,10 +529,17 @@ class LLM:
             self._ejecting.clear()
 
     def wait_ready(self, timeout: float = 60.0) -> None:
-        """Block until the backend answers its readiness probe (or raise on ``timeout``)."""
+        """Block until the backend answers its readiness probe (an in-process lane: loads the
+        model).
+
+        Raises:
+            ServerUnavailableError: not ready within ``timeout`` seconds.
+            NotSupportedError: the lane has no readiness probe.
+        """
         self._run_operation(lambda rid: self.await_ready(timeout, request_id=rid))
 
     async def await_ready(self, timeout: float = 60.0, *, request_id: str | None = None) -> None:
+        """:meth:`wait_ready` for async code."""
         # The probe has its own deadline (a typed ServerUnavailableError); ours is the backstop.
         await self._operation(lambda: self.provider.wait_ready(timeout), timeout + 5, request_id=request_id)
 
@@ -513,6 +559,7 @@ class LLM:
             self._finalizer()
 
     async def aclose(self) -> None:
+        """:meth:`close` for async code (use ``async with llm:`` to call it)."""
         if self._closed:
             return
         self._closed = True

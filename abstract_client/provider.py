@@ -1,9 +1,11 @@
-"""What a provider is: wire mapping plus the engine's own stop hook, nothing else.
+"""What a provider is: wire mapping plus the engine's own place to stop, nothing else.
 
 A provider never decides what the caller sees on a stop, never retries, never raises
-``GenerationCancelledError``: the contract (``contract.py``) runs it and does all of that. An HTTP
-provider only has to issue its requests with ``ctx.http()``; the contract has already arranged a
-private, severable connection when the call needs one.
+``GenerationCancelledError``: the contract (``contract/``) runs it and does all of that. An HTTP
+provider only issues its requests with ``ctx.http()``: the contract has arranged a private
+connection whose socket the stop shuts down (``Step.TELL``/``Step.SEVER``). An in-process
+engine reads ``ctx.token.is_set`` on its own thread where it can stop — before every token and
+between prefill chunks — and counts what it computed (the evidence a stop is judged by).
 """
 
 from __future__ import annotations

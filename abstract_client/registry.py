@@ -41,6 +41,7 @@ def register_provider(name: str, factory: Callable[..., Provider]) -> None:
 
 
 def available_providers() -> list[str]:
+    """The lane names ``create_llm`` accepts: built in, registered, and from entry points."""
     names = set(_BUILTIN) | set(_registered)
     names |= {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)}
     return sorted(names)

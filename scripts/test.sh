@@ -23,10 +23,13 @@ python3 scripts/get_model.py >/dev/null          # SmolLM2 GGUF (llama-server)
 python3 scripts/get_model.py --mlx >/dev/null    # the same model as an MLX directory
 bash scripts/get_vllm.sh >/dev/null              # vLLM CPU venv + SmolLM2 in HF format
 
-echo ">> ruff and mypy"
+echo ">> ruff, mypy, the API reference (mkdocs --strict: a docstring that disagrees fails)"
 ruff check .
 ruff format --check .
 mypy
+site="$(mktemp -d)"
+mkdocs build --strict -q -d "$site"
+rm -rf "$site"
 
 echo ">> pytest"
 pytest_log="$(mktemp)"

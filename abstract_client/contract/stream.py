@@ -64,6 +64,7 @@ class GenerationStream:
 
     @property
     def request_id(self) -> str:
+        """The call's id (for ``llm.cancel``)."""
         return self._call.request_id
 
     @property
@@ -73,6 +74,7 @@ class GenerationStream:
 
     @property
     def call(self) -> Call:
+        """The contract's record of this call (its stop token, its progress)."""
         return self._call
 
     @property
@@ -90,6 +92,7 @@ class GenerationStream:
         self._call.token.stop(reason)
 
     def result(self) -> GenerateResult:
+        """The whole answer, once the stream has ended (``RuntimeError`` before)."""
         if self._state != "done" or self._call.progress.completed_at is None:
             raise RuntimeError("the stream has not finished")
         return result_of(self._call)
@@ -162,6 +165,7 @@ class GenerationStream:
         return chunk
 
     async def aclose(self) -> None:
+        """Stop the generation now if it is still running (the server sees the connection go)."""
         if self._state == "open":
             self._call.token.stop("user", internal=True)  # sever first: the server sees EOF now
             await self._finish()

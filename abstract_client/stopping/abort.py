@@ -41,13 +41,16 @@ class AbortSignal:
 
     @property
     def aborted(self) -> bool:
+        """Whether the signal has aborted."""
         return self._event.is_set()
 
     @property
     def reason(self) -> object:
+        """Why it aborted (an :class:`AbortError` by default; ``TimeoutError`` for a timeout)."""
         return self._reason
 
     def throw_if_aborted(self) -> None:
+        """Raise the abort's reason if the signal has aborted."""
         if not self.aborted:
             return
         if isinstance(self._reason, BaseException):
@@ -62,6 +65,7 @@ class AbortSignal:
                 self._listeners.append(fn)
 
     def remove_listener(self, fn: Listener) -> None:
+        """Forget a listener (a no-op if it is not there, or already ran)."""
         with self._lock:
             try:
                 self._listeners.remove(fn)
@@ -159,6 +163,7 @@ class AbortController:
 
     @property
     def signal(self) -> AbortSignal:
+        """The signal to pass as ``signal=`` (one per controller)."""
         return self._signal
 
     def abort(self, reason: object = None) -> None:

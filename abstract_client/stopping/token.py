@@ -1,8 +1,10 @@
 """The stop token: every way a host can say "stop" becomes one ``StopToken`` per request.
 
 Sources (``threading.Event``, ``AbortSignal``, ``cancel(request_id)``, eject, a consumer that
-leaves a stream) all call :meth:`StopToken.stop`. Stop hooks (sever the socket, cancel the async
-scope, set the MLX worker's flag) run synchronously in the stopping thread, once.
+leaves a stream) all call :meth:`StopToken.stop`, which runs the registered hooks synchronously
+in the stopping thread, once, in :class:`Step` order (wake a sync caller, tell the server, hand
+off, sever the socket, the loop's work). In-process engines register nothing: their worker
+reads ``is_set`` before every token and between prefill chunks.
 
 The :class:`InflightRegistry` knows every call an ``LLM`` has in flight, so ``cancel(id)``,
 ``cancel_all()`` and ``unload_model()`` can reach them, and it lets an eject wait for them to drain.
