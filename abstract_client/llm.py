@@ -19,6 +19,7 @@ from typing import Any, TypedDict, TypeVar, Unpack
 import anyio
 
 from ._sync import Portal, SyncGenerationStream
+from ._validate import check_generation, check_messages, check_request_id, check_text
 from .contract import (
     Call,
     CallSpec,
@@ -152,6 +153,8 @@ class LLM:
     def _new_call(self, spec: CallSpec, request_id: str | None) -> Call:
         """A call of this LLM: its own stop token, registered in flight at admission, waiting for
         an eject in progress."""
+        if request_id is not None:
+            check_request_id(request_id)
         return Call(spec, StopToken(request_id or uuid.uuid4().hex), self._inflight, gate=self._ejecting)
 
     def _call(self, prompt: str | None, options: GenerateOptions) -> Call:
@@ -163,6 +166,14 @@ class LLM:
         system: str | None = extra.pop("system", None)
         if prompt is None and not messages:
             raise ValueError("pass a prompt or messages")
+        for text, what in ((prompt, "prompt"), (system, "system")):
+            if text is not None:
+                if not isinstance(text, str):
+                    raise TypeError(f"{what} must be a string, not {type(text).__name__}")
+                check_text(text, what)
+        if messages is not None:
+            check_messages(messages)
+        check_generation(extra)
         msgs: list[Message] = []
         if system is not None:
             msgs.append({"role": "system", "content": system})
@@ -288,6 +299,8 @@ class LLM:
         inputs = [texts] if isinstance(texts, str) else list(texts)
         if not all(isinstance(t, str) for t in inputs):
             raise TypeError("embed() takes a string or a list of strings")
+        for i, text in enumerate(inputs):
+            check_text(text, f"texts[{i}]")
         size = self.provider.default_embed_batch_size if batch_size is None else batch_size
         if size < 1:
             raise ValueError("batch_size must be >= 1")
@@ -416,6 +429,8 @@ class LLM:
         request_id: str | None = None,
     ) -> T:
         self._ensure_open()
+        if request_id is not None:
+            check_request_id(request_id)
         spec = operation_spec(self.provider, timeout, cancel_event=cancel_event, signal=signal)
         return await run_operation(spec, fn, registry=self._operations, request_id=request_id or uuid.uuid4().hex)
 

@@ -185,6 +185,16 @@ class Timeout:
     idle: float | None = None
     total: float | None = None
 
+    def __post_init__(self) -> None:
+        for name in ("connect", "first_token", "idle", "total"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+                raise TypeError(f"timeout {name} must be a number of seconds or None, not {value!r}")
+            if value <= 0:
+                raise ValueError(f"timeout {name} must be > 0 seconds (or None for no limit), not {value!r}")
+
     @classmethod
     def coerce(cls, value: Timeout | float | None, default: Timeout | None = None) -> Timeout:
         if value is None:

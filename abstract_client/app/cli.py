@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
 import threading
@@ -292,7 +291,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ImportError:
         sys.stderr.write("error: serve needs the server extra: pip install 'abstract-client[server]'\n")
         return 2
-    from ..gateway import BackendConfig, GatewayConfig, load_config, serve
+    from ..gateway import ConfigError, serve
+
+    try:
+        config = _gateway_config(args)
+    except ConfigError as err:  # one clear line, no traceback
+        sys.stderr.write(f"error: {err}\n")
+        return 2
+    if config is None:
+        sys.stderr.write("error: serve needs --provider or --config\n")
+        return 2
+    serve(config)
+    return 0
+
+
+def _gateway_config(args: argparse.Namespace) -> Any:
+    from ..gateway import BackendConfig, GatewayConfig, key_from_env, load_config
 
     if args.config:
         config = load_config(args.config)
@@ -316,17 +330,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
         config = GatewayConfig(backends=[backend])
     else:
-        sys.stderr.write("error: serve needs --provider or --config\n")
-        return 2
+        return None
     if args.host:
         config.host = args.host
     if args.port:
         config.port = args.port
     if args.api_key_env:
-        config.api_key = os.environ.get(args.api_key_env) or None
+        config.api_key = key_from_env(args.api_key_env)
+    if args.max_body_mb is not None:
+        config.max_body_bytes = int(args.max_body_mb * 2**20)
     config.log_level = args.log_level
-    serve(config)
-    return 0
+    config.__post_init__()  # the command line's values are checked like the file's
+    return config
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -378,7 +393,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=None)
     p.add_argument("--max-concurrent", type=int, default=4, help="generations at once per backend")
     p.add_argument("--queue-timeout", type=float, default=30.0, help="seconds a request may wait: then 503")
-    p.add_argument("--api-key-env", default=None, help="the name of an environment variable holding the bearer key")
+    p.add_argument(
+        "--api-key-env", default=None, help="the name of an environment variable holding the bearer key (must be set)"
+    )
+    p.add_argument("--max-body-mb", type=float, default=None, help="largest request body in MiB (default 32): 413")
     p.add_argument("--log-level", default="info")
     p.set_defaults(fn=cmd_serve)
 

@@ -6,9 +6,9 @@ Needs the ``server`` extra (Starlette + uvicorn)."""
 
 from __future__ import annotations
 
-from .config import BackendConfig, GatewayConfig, load_config
+from .config import BackendConfig, ConfigError, GatewayConfig, key_from_env, load_config
 
-__all__ = ["BackendConfig", "GatewayConfig", "create_app", "load_config", "serve"]
+__all__ = ["BackendConfig", "ConfigError", "GatewayConfig", "create_app", "key_from_env", "load_config", "serve"]
 
 
 def create_app(config: GatewayConfig) -> object:

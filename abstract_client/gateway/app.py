@@ -117,10 +117,13 @@ class Gateway:
         self.metrics = Metrics()
         self.flights: dict[str, Flight] = {}
 
-    def backend_for(self, model: Any) -> Backend | None:
+    def backend_for(self, model: Any, *, exact: bool = False) -> Backend | None:
+        """The backend serving ``model``. A generation on a one-backend gateway reaches it by
+        any name; ``exact`` (model management: an unload stops other clients' calls) needs the
+        backend's own name."""
         if isinstance(model, str) and model in self.backends:
             return self.backends[model]
-        if len(self.backends) == 1:  # one backend: any model name reaches it
+        if len(self.backends) == 1 and not exact:
             return next(iter(self.backends.values()))
         return None
 
@@ -247,11 +250,40 @@ def request_id_of(request: Request) -> str:
     return str(request.scope["state"]["request_id"])
 
 
+MAX_JSON_DEPTH = 64  # arrays and objects nested deeper are refused before parsing
+
+
 async def _json(request: Request) -> Any:
+    raw = await request.body()
+    if json_depth(raw) > MAX_JSON_DEPTH:
+        raise BadRequest(f"the body nests JSON deeper than {MAX_JSON_DEPTH} levels")
     try:
-        return await request.json()
+        return json.loads(raw)
     except ValueError as exc:
         raise BadRequest(f"the body is not JSON: {exc}") from None
+
+
+_STRUCTURE = re.compile(rb'\\.|["\[\]{}]', re.S)  # an escape pair, a quote, or a bracket
+
+
+def json_depth(raw: bytes) -> int:
+    """The deepest nesting of ``[``/``{`` in a JSON text (strings skipped), in one linear pass
+    over its structural bytes only: the parser is recursive, so a deep body must be refused
+    before it is parsed."""
+    depth = deepest = 0
+    in_string = False
+    for match in _STRUCTURE.finditer(raw):
+        token = match.group()
+        if token == b'"':
+            in_string = not in_string
+        elif in_string or len(token) == 2:  # inside a string, or an escape pair
+            continue
+        elif token in (b"[", b"{"):
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
+    return deepest
 
 
 def no_backend(model: Any) -> JSONResponse:
@@ -464,9 +496,10 @@ def create_app(config: GatewayConfig) -> Starlette:
             body = await _json(request)
         except BadRequest as err:
             return _error(err)
-        backend = gateway.backend_for(body.get("model") if isinstance(body, dict) else None)
+        model = body.get("model") if isinstance(body, dict) else None
+        backend = gateway.backend_for(model, exact=True)
         if backend is None:
-            return JSONResponse(openai_error("unknown model", "invalid_request_error", "model_not_found"), 404)
+            return no_backend(model)
         try:
             if request.url.path.endswith("/load"):
                 await backend.llm.aload_model()
@@ -503,9 +536,17 @@ def create_app(config: GatewayConfig) -> Starlette:
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        """Unknown routes and wrong methods answer like every other error: an OpenAI body."""
+        status = int(getattr(exc, "status_code", 500))
+        kind = {404: "not_found", 405: "method_not_allowed"}.get(status, "invalid_request_error")
+        message = f"{request.method} {request.url.path}: " + ("no such route" if status == 404 else str(exc))
+        return JSONResponse(openai_error(message, "invalid_request_error", kind), status)
+
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: http_error, 405: http_error})
     app.state.gateway = gateway
-    return RequestIdAndAuth(app, config.api_key)  # type: ignore[return-value]
+    return RequestIdAndAuth(app, config.api_key, max_body_bytes=config.max_body_bytes)  # type: ignore[return-value]
 
 
 class RequestIdAndAuth:
@@ -513,10 +554,11 @@ class RequestIdAndAuth:
     with an API key, every route but ``/health`` needs ``Authorization: Bearer <key>`` (compared
     in constant time; keys never logged)."""
 
-    def __init__(self, app: Starlette, api_key: str | None) -> None:
+    def __init__(self, app: Starlette, api_key: str | None, *, max_body_bytes: int = 32 * 2**20) -> None:
         self.app = app
         self.state = app.state
         self._key = api_key.encode() if api_key else None
+        self.max_body_bytes = max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -541,7 +583,40 @@ class RequestIdAndAuth:
             if not (auth.startswith(b"Bearer ") and hmac.compare_digest(auth[7:].strip(), self._key)):
                 await send_json(send_with_id, 401, openai_error("missing or wrong API key", "authentication_error"))
                 return
-        await self.app(scope, receive, send_with_id)
+        # The body limit: a declared length over it is refused before a byte is read; any other
+        # body is read here (at most the limit, so memory stays bounded) and refused the moment
+        # it passes it, before the app sees anything; the app gets the body replayed.
+        limit = self.max_body_bytes
+        declared = headers.get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > limit:
+            await _too_large(send_with_id, limit)
+            return
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":  # the client left during its upload
+                return
+            body += message.get("body", b"")
+            if len(body) > limit:
+                await _too_large(send_with_id, limit)
+                return
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()  # after the body: the disconnect watch
+            replayed = True
+            return {"type": "http.request", "body": bytes(body), "more_body": False}
+
+        await self.app(scope, replay, send_with_id)
+
+
+async def _too_large(send: Send, limit: int) -> None:
+    message = f"the request body is larger than {limit} bytes (--max-body-mb / max_body_bytes)"
+    await send_json(send, 413, openai_error(message, "invalid_request_error", "request_too_large"))
 
 
 def serve(config: GatewayConfig) -> None:

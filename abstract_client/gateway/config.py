@@ -9,7 +9,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BackendConfig", "GatewayConfig", "load_config"]
+__all__ = ["BackendConfig", "ConfigError", "GatewayConfig", "key_from_env", "load_config"]
+
+
+class ConfigError(ValueError):
+    """A gateway configuration that cannot be served; its message is one line for the user."""
+
+
+def _check(value: Any, kind: type | tuple[type, ...], what: str) -> None:
+    if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+        raise ConfigError(f"{what} must be {_name(kind)}, not {value!r}")
+    if not isinstance(value, kind):
+        raise ConfigError(f"{what} must be {_name(kind)}, not {value!r}")
+
+
+def _name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join(
+        {int: "an integer", float: "a number", str: "a string", dict: "a table"}.get(k, k.__name__) for k in kinds
+    )
 
 
 @dataclass(slots=True)
@@ -24,6 +42,19 @@ class BackendConfig:
     max_concurrent: int = 4  # generations running at once on this backend
     queue_timeout: float = 30.0  # seconds a request may wait for a slot before a 503
 
+    def __post_init__(self) -> None:
+        where = f"backend {self.name!r}"
+        _check(self.name, str, f"{where}: name")
+        _check(self.provider, str, f"{where}: provider")
+        for key in ("model", "base_url"):
+            if getattr(self, key) is not None:
+                _check(getattr(self, key), str, f"{where}: {key}")
+        _check(self.options, dict, f"{where}: options")
+        _check(self.max_concurrent, int, f"{where}: max_concurrent")
+        _check(self.queue_timeout, (int, float), f"{where}: queue_timeout")
+        if self.max_concurrent < 1 or self.queue_timeout < 0:
+            raise ConfigError(f"{where}: max_concurrent must be >= 1 and queue_timeout >= 0")
+
 
 @dataclass(slots=True)
 class GatewayConfig:
@@ -32,30 +63,73 @@ class GatewayConfig:
     port: int = 8000
     api_key: str | None = None  # a bearer key every request must carry (never logged)
     log_level: str = "info"
+    max_body_bytes: int = 32 * 2**20  # a larger request body is a 413, refused before it is read
 
     def __post_init__(self) -> None:
         if not self.backends:
-            raise ValueError("the gateway needs at least one backend")
+            raise ConfigError("the gateway needs at least one backend")
         names = [b.name for b in self.backends]
         if len(set(names)) != len(names):
-            raise ValueError(f"backend names must be unique: {names}")
-        for b in self.backends:
-            if b.max_concurrent < 1 or b.queue_timeout < 0:
-                raise ValueError(f"{b.name}: max_concurrent >= 1 and queue_timeout >= 0")
+            raise ConfigError(f"backend names must be unique: {names}")
+        _check(self.host, str, "host")
+        _check(self.port, int, "port")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be between 0 and 65535, not {self.port}")
+        _check(self.max_body_bytes, int, "max_body_bytes")
+        if self.max_body_bytes < 1024:
+            raise ConfigError("max_body_bytes must be at least 1024")
+        if self.api_key is not None:
+            _check(self.api_key, str, "api_key")
+            if not self.api_key.strip():
+                raise ConfigError("api_key is empty: refusing to serve with a key nobody can send")
+
+
+def key_from_env(name: str) -> str:
+    """The API key held by environment variable ``name``: unset or empty refuses to start (a
+    gateway meant to need a key must never serve without one)."""
+    value = os.environ.get(name, "")
+    if not value.strip():
+        raise ConfigError(f"the API key variable {name} is unset or empty: refusing to serve without auth")
+    return value
+
+
+_SERVER_KEYS = {"host", "port", "api_key", "api_key_env", "log_level", "max_body_bytes"}
+_BACKEND_KEYS = set(BackendConfig.__dataclass_fields__)
 
 
 def load_config(path: str | Path) -> GatewayConfig:
-    """``[server]`` (host, port, api_key or api_key_env, log_level) and ``[[backend]]`` tables
-    (name, provider, model, base_url, max_concurrent, queue_timeout, options)."""
-    data = tomllib.loads(Path(path).read_text())
+    """``[server]`` (host, port, api_key or api_key_env, log_level, max_body_bytes) and
+    ``[[backend]]`` tables (name, provider, model, base_url, max_concurrent, queue_timeout,
+    options). Anything wrong is a :class:`ConfigError` with a one-line message."""
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"no config file at {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+    unknown = set(data) - {"server", "backend"}
+    if unknown:
+        raise ConfigError(f"{path}: unknown table(s) {sorted(unknown)} (expected [server] and [[backend]])")
     server = dict(data.get("server") or {})
+    unknown = set(server) - _SERVER_KEYS
+    if unknown:
+        raise ConfigError(f"{path}: unknown [server] key(s) {sorted(unknown)}; known: {sorted(_SERVER_KEYS)}")
     env = server.pop("api_key_env", None)
-    if env:
-        server["api_key"] = os.environ.get(str(env)) or None
+    if env is not None:
+        _check(env, str, "api_key_env")
+        server["api_key"] = key_from_env(env)
     backends = []
-    for entry in data.get("backend") or []:
+    entries = data.get("backend") or []
+    if not isinstance(entries, list):
+        raise ConfigError(f"{path}: backends are [[backend]] tables")
+    for entry in entries:
         entry = dict(entry)
+        unknown = set(entry) - _BACKEND_KEYS
+        if unknown:
+            raise ConfigError(f"{path}: unknown [[backend]] key(s) {sorted(unknown)}; known: {sorted(_BACKEND_KEYS)}")
         if "name" not in entry or "provider" not in entry:
-            raise ValueError(f"a [[backend]] needs name and provider: {entry}")
+            raise ConfigError(f"{path}: a [[backend]] needs name and provider: {entry}")
         backends.append(BackendConfig(**entry))
     return GatewayConfig(backends=backends, **server)

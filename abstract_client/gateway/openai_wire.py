@@ -65,7 +65,7 @@ def generation_args(body: Any, *, chat: bool) -> tuple[dict[str, Any], bool, boo
             if body.get(key) is not None:
                 kwargs[key] = body[key]
         effort = body.get("reasoning_effort")
-        thinking = (body.get("chat_template_kwargs") or {}).get("enable_thinking")
+        thinking = _object(body, "chat_template_kwargs").get("enable_thinking")
         if effort in _EFFORT:
             kwargs["reasoning"] = effort
         elif effort in ("none", "minimal") or thinking is False:
@@ -93,9 +93,23 @@ def generation_args(body: Any, *, chat: bool) -> tuple[dict[str, Any], bool, boo
     for key in _PASSTHROUGH:
         if body.get(key) is not None:
             kwargs[key] = body[key]
-    stream = bool(body.get("stream"))
-    include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadRequest(f"stream must be true or false, not {stream!r}")
+    include_usage = _object(body, "stream_options").get("include_usage", False)
+    if not isinstance(include_usage, bool):
+        raise BadRequest("stream_options.include_usage must be true or false")
     return kwargs, stream, include_usage
+
+
+def _object(body: dict[str, Any], key: str) -> dict[str, Any]:
+    """``body[key]`` when it is an object, {} when absent or null; anything else is a 400."""
+    value = body.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise BadRequest(f"{key} must be an object, not {type(value).__name__}")
+    return value
 
 
 def _usage(result_usage: Any) -> dict[str, int] | None:

@@ -23,6 +23,7 @@ from typing import Any
 import httpcore
 import httpx
 
+from .._validate import check_base_url
 from ..stopping._loop import loop_key
 from .guard import GuardedBackend
 
@@ -68,8 +69,9 @@ class HttpClients:
         headers: dict[str, str] | None = None,
         connect_timeout: float | None = 10.0,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
-        self._headers = headers or {}
+        url, credentials = check_base_url(base_url)  # a ValueError at create_llm, never later
+        self.base_url = url.rstrip("/")
+        self._headers = {**credentials, **(headers or {})}  # an explicit api_key wins
         self._timeout = httpx.Timeout(None, connect=connect_timeout)
         self._lock = threading.Lock()
         self._by_loop: weakref.WeakKeyDictionary[Any, dict[bool, httpx.AsyncClient]] = weakref.WeakKeyDictionary()

@@ -49,7 +49,12 @@ def normalize_tools(tools: Sequence[Any] | None) -> list[dict[str, Any]] | None:
         return None
     if isinstance(tools, (dict, str)) or callable(tools):
         raise TypeError("tools= takes a list of tool specs or functions")
-    return [_tool_spec(t) for t in tools]
+    specs = [_tool_spec(t) for t in tools]
+    names = [spec["function"]["name"] for spec in specs]
+    duplicated = sorted({n for n in names if names.count(n) > 1})
+    if duplicated:
+        raise ValueError(f"tool names must be unique: {duplicated}")
+    return specs
 
 
 def _tool_spec(tool: Any) -> dict[str, Any]:
@@ -62,7 +67,11 @@ def _tool_spec(tool: Any) -> dict[str, Any]:
             raise ValueError(f"not a function tool spec: {str(tool)[:200]}")
         if not isinstance(fn.get("name"), str) or not fn["name"]:
             raise ValueError(f"a tool needs a name: {str(tool)[:200]}")
-        spec = {"name": fn["name"], "parameters": fn.get("parameters") or {"type": "object", "properties": {}}}
+        parameters = fn.get("parameters") or {"type": "object", "properties": {}}
+        if not isinstance(parameters, dict):
+            raise TypeError(f"tool {fn['name']!r}: parameters must be a JSON-schema object")
+        _check_schema(parameters, f"tool {fn['name']!r}'s parameters")
+        spec = {"name": fn["name"], "parameters": parameters}
         if fn.get("description"):
             spec["description"] = fn["description"]
         return {"type": "function", "function": spec}
@@ -252,25 +261,58 @@ def response_format_from(value: Any) -> ResponseFormat | None:
     if isinstance(value, dict):
         kind = value.get("type")
         if kind == "json_object":
-            return ResponseFormat(schema=value.get("schema") if isinstance(value.get("schema"), dict) else None)
+            schema = value.get("schema") if isinstance(value.get("schema"), dict) else None
+            if schema is not None:
+                _check_schema(schema)
+            return ResponseFormat(schema=schema)
         if kind == "json_schema" and isinstance(value.get("json_schema"), dict):
             inner = value["json_schema"]
             if not isinstance(inner.get("schema"), dict):
                 raise ValueError("response_format json_schema needs a schema")
+            _check_schema(inner["schema"])
             return ResponseFormat(schema=inner["schema"], name=str(inner.get("name") or "answer"))
         _check_schema(value)
         return ResponseFormat(schema=value)
     raise TypeError(f"response_format takes a JSON-schema dict or a pydantic model class, not {type(value).__name__}")
 
 
-def _check_schema(schema: dict[str, Any]) -> None:
+def _check_schema(schema: dict[str, Any], what: str = "response_format") -> None:
+    """A usable JSON schema, or a ``ValueError`` before anything is sent: valid against its
+    metaschema, and every ``$ref`` local and resolvable (a broken one would otherwise surface as
+    a raw jsonschema error after the whole generation ran)."""
     from jsonschema.validators import validator_for  # type: ignore[import-untyped]
 
     cls = validator_for(schema)
     try:
         cls.check_schema(schema)
     except Exception as exc:  # jsonschema's SchemaError: a clear ValueError before anything is sent
-        raise ValueError(f"response_format is not a valid JSON schema: {getattr(exc, 'message', exc)}") from None
+        raise ValueError(f"{what} is not a valid JSON schema: {getattr(exc, 'message', exc)}") from None
+    for ref in _refs(schema):
+        if not ref.startswith("#"):
+            raise ValueError(f"{what}: only local $refs are supported, not {ref!r}")
+        node: Any = schema
+        for part in [p.replace("~1", "/").replace("~0", "~") for p in ref[1:].split("/") if p]:
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                raise ValueError(f"{what}: $ref {ref!r} points nowhere in the schema")
+
+
+def _refs(node: Any) -> list[str]:
+    found: list[str] = []
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            ref = item.get("$ref")
+            if isinstance(ref, str):
+                found.append(ref)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return found
 
 
 def schema_errors(schema: dict[str, Any] | None, value: Any) -> list[str]:

@@ -1,0 +1,161 @@
+"""The call boundary: what a caller passes is checked before anything is held or sent.
+
+A wrong argument is a ``TypeError`` or ``ValueError`` at the call site, never a
+``ProviderProtocolError`` after connecting, an "unhandled errors in a TaskGroup", or a value
+passed upstream unchecked (the gateway maps these errors to a 400 with an OpenAI error body).
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import unquote
+
+import httpx
+
+__all__ = [
+    "check_base_url",
+    "check_generation",
+    "check_messages",
+    "check_request_id",
+    "check_seconds",
+    "check_text",
+]
+
+_ROLES = ("system", "developer", "user", "assistant", "tool")
+_REQUEST_ID = re.compile(r"[\x21-\x7e]{1,200}")  # printable ASCII, no spaces, no CR/LF
+MAX_TOKENS_LIMIT = 2**31 - 1
+
+
+def check_text(value: str, what: str) -> str:
+    """A string that can be sent as UTF-8 (no lone surrogate such as ``"\\ud800"``)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{what} is not valid Unicode ({exc.reason} at index {exc.start})") from None
+    return value
+
+
+def check_messages(messages: object) -> None:
+    """OpenAI-style messages: a list of dicts with a known ``role`` and string, list-of-parts or
+    null ``content``; every text valid Unicode."""
+    if not isinstance(messages, list):
+        raise TypeError(f"messages must be a list of dicts, not {type(messages).__name__}")
+    for i, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            raise TypeError(f"messages[{i}] must be a dict with 'role' and 'content', not {type(message).__name__}")
+        role = message.get("role")
+        if role not in _ROLES:
+            raise ValueError(f"messages[{i}]['role'] must be one of {_ROLES}, not {role!r}")
+        content = message.get("content")
+        if isinstance(content, str):
+            check_text(content, f"messages[{i}]['content']")
+        elif isinstance(content, list):
+            for j, part in enumerate(content):
+                if not isinstance(part, Mapping) or not isinstance(part.get("type"), str):
+                    raise TypeError(f"messages[{i}]['content'][{j}] must be a content part dict with a 'type'")
+                if isinstance(part.get("text"), str):
+                    check_text(part["text"], f"messages[{i}]['content'][{j}]['text']")
+        elif content is not None:
+            raise TypeError(
+                f"messages[{i}]['content'] must be a string, a list of parts or None, not {type(content).__name__}"
+            )
+
+
+def _number(value: object, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{what} must be a number, not {type(value).__name__}")
+    if not math.isfinite(value):
+        raise ValueError(f"{what} must be finite, not {value!r}")
+    return float(value)
+
+
+def _integer(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be an integer, not {type(value).__name__}")
+    return value
+
+
+def check_generation(options: Mapping[str, Any]) -> None:
+    """The sampling options of a generation (whatever lane will receive them)."""
+    if options.get("max_tokens") is not None:
+        n = _integer(options["max_tokens"], "max_tokens")
+        if not 1 <= n <= MAX_TOKENS_LIMIT:
+            raise ValueError(f"max_tokens must be between 1 and {MAX_TOKENS_LIMIT}, not {n}")
+    if options.get("temperature") is not None and _number(options["temperature"], "temperature") < 0:
+        raise ValueError("temperature must be >= 0")
+    if options.get("seed") is not None:
+        _integer(options["seed"], "seed")
+    for key in ("top_p", "min_p"):
+        if key in options and options[key] is not None and not 0 <= _number(options[key], key) <= 1:
+            raise ValueError(f"{key} must be between 0 and 1")
+    if "top_k" in options and options["top_k"] is not None and _integer(options["top_k"], "top_k") < 0:
+        raise ValueError("top_k must be >= 0")
+    for key in ("repetition_penalty", "presence_penalty", "frequency_penalty"):
+        if key in options and options[key] is not None:
+            _number(options[key], key)
+    bias = options.get("logit_bias")
+    if bias is not None:
+        if not isinstance(bias, Mapping):
+            raise TypeError("logit_bias must map token ids to numbers")
+        for token, value in bias.items():
+            _number(value, f"logit_bias[{token!r}]")
+    stop = options.get("stop")
+    if stop is not None:
+        stops = [stop] if isinstance(stop, str) else stop
+        if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+            raise TypeError("stop must be a string or a list of strings")
+        for s in stops:
+            check_text(s, "stop")
+
+
+def check_request_id(request_id: object) -> None:
+    """A caller's request id: it travels in HTTP headers and logs, so printable ASCII only."""
+    if not isinstance(request_id, str):
+        raise TypeError(f"request_id must be a string, not {type(request_id).__name__}")
+    if not _REQUEST_ID.fullmatch(request_id):
+        raise ValueError(
+            "request_id must be 1-200 printable ASCII characters without spaces or line breaks, "
+            f"not {request_id[:40]!r}"
+        )
+
+
+def check_seconds(value: float | None, what: str) -> float | None:
+    """A deadline in seconds: None (no limit) or a finite number > 0."""
+    if value is None:
+        return None
+    if _number(value, what) <= 0:
+        raise ValueError(f"{what} must be > 0 seconds (or None for no limit), not {value!r}")
+    return float(value)
+
+
+def check_base_url(url: object) -> tuple[str, dict[str, str]]:
+    """A server's base URL, and the headers its credentials become.
+
+    ``http(s)://host[:port][/path]`` only; a URL with ``user:password@`` is accepted, and the
+    credentials move into an ``Authorization: Basic`` header so that they never appear in the
+    URL (``repr``, httpx's request log, error messages)."""
+    if not isinstance(url, str):
+        raise TypeError(f"base_url must be a string, not {type(url).__name__}")
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        raise ValueError(f"base_url {_redact(url)!r} is not a valid URL: {exc}") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ValueError(f"base_url must start with http:// or https:// and name a host, not {_redact(url)!r}")
+    if parsed.port is not None and not 1 <= parsed.port <= 65535:
+        raise ValueError(f"base_url's port must be between 1 and 65535, not {parsed.port}")
+    headers: dict[str, str] = {}
+    if parsed.userinfo:
+        user, _, password = parsed.userinfo.decode().partition(":")
+        token = base64.b64encode(f"{unquote(user)}:{unquote(password)}".encode()).decode()
+        headers["Authorization"] = f"Basic {token}"
+        parsed = parsed.copy_with(username=None, password=None)
+    return str(parsed), headers
+
+
+def _redact(url: str) -> str:
+    return re.sub(r"//[^/@]*@", "//***@", url)

@@ -1,0 +1,233 @@
+"""The gateway under hostile or careless input: a typed 4xx with an OpenAI error body, never a
+500/502, and nothing sent upstream."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from abstract_client.gateway import BackendConfig, GatewayConfig
+from abstract_client.gateway.app import MAX_JSON_DEPTH, json_depth
+from abstract_client.testing import FakeOpenAIServer
+from abstract_client.testing.gateway import InProcessGateway
+
+HELLO = json.dumps([{"role": "user", "content": "hi"}])
+
+
+def chat(extra: str) -> str:
+    """A chat body with ``extra`` (raw JSON members, so that NaN and the like stay as written)."""
+    return '{"model":"m","messages":' + HELLO + extra + "}"
+
+
+def tool(parameters: str) -> str:
+    return '{"type":"function","function":{"name":"f","parameters":' + parameters + "}}"
+
+
+def schema_format(schema: str) -> str:
+    return ',"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":' + schema + "}}"
+
+
+BODIES: dict[str, str] = {
+    "messages [1]": '{"model":"m","messages":[1]}',
+    "messages [[null,null]]": '{"model":"m","messages":[[null,null]]}',
+    "temperature NaN": chat(',"temperature":NaN'),
+    "temperature Infinity": chat(',"temperature":Infinity'),
+    "a lone surrogate": '{"model":"m","messages":[{"role":"user","content":"\\ud800"}]}',
+    "stream_options x": chat(',"stream":true,"stream_options":"x"'),
+    "stream_options [1]": chat(',"stream":true,"stream_options":[1]'),
+    "chat_template_kwargs x": chat(',"chat_template_kwargs":"x"'),
+    "nested 1,000": chat(',"x":' + "[" * 1000 + "]" * 1000),
+    "nested 100,000": chat(',"x":' + "[" * 100_000 + "]" * 100_000),
+    "max_tokens -1": chat(',"max_tokens":-1'),
+    "max_tokens 0": chat(',"max_tokens":0'),
+    'max_tokens "100"': chat(',"max_tokens":"100"'),
+    "max_tokens 1e30": chat(',"max_tokens":1e30'),
+    "max_tokens true": chat(',"max_tokens":true'),
+    "temperature hot": chat(',"temperature":"hot"'),
+    "seed x": chat(',"seed":"x"'),
+    'stream "false"': chat(',"stream":"false"'),
+    "response_format $ref nowhere": chat(schema_format('{"$ref":"#/nope"}')),
+    "response_format type 5": chat(schema_format('{"type":5}')),
+    "tool parameters type 12": chat(',"tools":[' + tool('{"type":12}') + "]"),
+    "duplicate tool names": chat(',"tools":[' + tool('{"type":"object"}') + "," + tool('{"type":"object"}') + "]"),
+    "not JSON": "{nope",
+    "not an object": "[1, 2]",
+}
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[FakeOpenAIServer]:
+    with FakeOpenAIServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def gateway(upstream: FakeOpenAIServer) -> Iterator[InProcessGateway]:
+    backend = BackendConfig(name="m", provider="openai-compatible", model="fake-model", base_url=upstream.base_url)
+    with InProcessGateway(GatewayConfig(backends=[backend])) as gw:
+        yield gw
+
+
+def assert_openai_error(response: httpx.Response, status: int) -> dict[str, Any]:
+    assert response.status_code == status, response.text[:300]
+    assert response.headers["content-type"].startswith("application/json")
+    error = response.json()["error"]
+    assert isinstance(error["message"], str) and error["message"] and isinstance(error["type"], str)
+    return dict(error)
+
+
+@pytest.mark.parametrize("case", list(BODIES))
+def test_hostile_bodies_are_a_400_and_nothing_is_sent(
+    gateway: InProcessGateway, upstream: FakeOpenAIServer, case: str
+) -> None:
+    before = len(upstream.requests())
+    response = httpx.post(
+        gateway.url + "/v1/chat/completions",
+        content=BODIES[case],
+        headers={"content-type": "application/json"},
+        timeout=30,
+    )
+    assert_openai_error(response, 400)
+    assert len(upstream.requests()) == before
+
+
+@pytest.mark.parametrize(("method", "path", "status"), [("GET", "/nope", 404), ("DELETE", "/v1/chat/completions", 405)])
+def test_unknown_routes_and_wrong_methods_answer_an_openai_body(
+    gateway: InProcessGateway, method: str, path: str, status: int
+) -> None:
+    assert_openai_error(httpx.request(method, gateway.url + path, timeout=30), status)
+
+
+def test_unloading_a_model_by_a_wrong_name_is_a_404_and_stops_nobody(
+    gateway: InProcessGateway, upstream: FakeOpenAIServer
+) -> None:
+    upstream.behavior.token_delay = 0.01
+    outcome: list[int] = []
+
+    def other_client() -> None:
+        body = {"model": "m", "messages": json.loads(HELLO), "max_tokens": 60, "stream": True}
+        with httpx.stream("POST", gateway.url + "/v1/chat/completions", json=body, timeout=30) as r:
+            outcome.append(sum(1 for line in r.iter_lines() if line.startswith("data: ") and "tok" in line))
+
+    thread = threading.Thread(target=other_client)
+    thread.start()
+    try:
+        upstream.wait_for_request()
+        response = httpx.post(gateway.url + "/v1/models/unload", json={"model": "typo"}, timeout=30)
+        assert_openai_error(response, 404)
+    finally:
+        thread.join(30)
+        upstream.behavior.token_delay = 0.005
+    assert outcome == [60]  # the other client's answer ran to its end
+
+
+def test_json_depth_is_measured_in_one_pass_without_parsing() -> None:
+    assert json_depth(b'{"a":[1,{"b":"[[[\\"]]"}]}') == 3
+    assert json_depth(b'"[[[["') == 0
+    assert json_depth(b"[" * 100_000 + b"]" * 100_000) == 100_000
+    assert MAX_JSON_DEPTH >= 16  # deep enough for any real schema or message
+
+
+def test_a_body_over_the_limit_is_a_413_before_it_is_read(upstream: FakeOpenAIServer) -> None:
+    backend = BackendConfig(name="m", provider="openai-compatible", model="fake-model", base_url=upstream.base_url)
+    config = GatewayConfig(backends=[backend], max_body_bytes=1 << 20)
+    with InProcessGateway(config) as gw:
+        before = len(upstream.requests())
+        big = chat(',"pad":"' + "x" * (2 << 20) + '"')
+        declared = httpx.post(gw.url + "/v1/chat/completions", content=big, timeout=30)
+        assert_openai_error(declared, 413)
+
+        def chunks() -> Iterator[bytes]:  # no Content-Length: counted as it arrives
+            for i in range(0, len(big), 65536):
+                yield big[i : i + 65536].encode()
+
+        chunked = httpx.post(gw.url + "/v1/chat/completions", content=chunks(), timeout=30)
+        assert_openai_error(chunked, 413)
+        small = httpx.post(gw.url + "/v1/chat/completions", content=chat(',"max_tokens":2'), timeout=30)
+        assert small.status_code == 200
+        assert len(upstream.requests()) == before + 1  # only the small one went upstream
+
+
+def test_a_200_mb_upload_leaves_the_gateway_process_small(upstream: FakeOpenAIServer, tmp_path: Any) -> None:
+    import psutil
+
+    from abstract_client.testing.gateway import GatewayProcess
+
+    gw = GatewayProcess.launch(
+        ["-p", "openai-compatible", "-u", upstream.base_url, "-m", "fake-model"], log_path=tmp_path / "gw.log"
+    )
+    try:
+        rss = psutil.Process(gw.pid).memory_info().rss
+        block = b"x" * (1 << 20)
+
+        def upload() -> Iterator[bytes]:
+            for _ in range(200):
+                yield block
+
+        response = httpx.post(gw.url + "/v1/chat/completions", content=upload(), timeout=60)
+        assert_openai_error(response, 413)
+        grown = psutil.Process(gw.pid).memory_info().rss - rss
+        assert grown < 128 << 20, f"the gateway grew by {grown >> 20} MiB"
+    finally:
+        gw.stop()
+
+
+@pytest.mark.parametrize(
+    ("toml", "env", "expected"),
+    [
+        (None, {}, "no config file"),
+        ('[server]\nportt = 1\n[[backend]]\nname = "m"\nprovider = "openai-compatible"\n', {}, "unknown [server] key"),
+        ('[[backend]]\nname = "m"\nprovider = "openai-compatible"\nmax_concurrent = "4"\n', {}, "max_concurrent"),
+        ('[[backend]]\nname = "m"\nprovider = "openai-compatible"\nbogus = 1\n', {}, "unknown [[backend]] key"),
+        ("[server\n", {}, "not valid TOML"),
+        (
+            '[server]\napi_key_env = "AC_TEST_KEY"\n[[backend]]\nname = "m"\nprovider = "openai-compatible"\n',
+            {},
+            "unset",
+        ),
+        (
+            '[server]\napi_key_env = "AC_TEST_KEY"\n[[backend]]\nname = "m"\nprovider = "openai-compatible"\n',
+            {"AC_TEST_KEY": " "},
+            "empty",
+        ),
+    ],
+)
+def test_config_errors_are_one_line_and_exit_2(
+    tmp_path: Any, toml: str | None, env: dict[str, str], expected: str
+) -> None:
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "gateway.toml"
+    if toml is not None:
+        path.write_text(toml)
+    environ = {k: v for k, v in os.environ.items() if k != "AC_TEST_KEY"} | env
+    proc = subprocess.run(
+        [sys.executable, "-m", "abstract_client", "serve", "--config", str(path), "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=environ,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert expected in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_api_key_env_unset_on_the_command_line_refuses_to_start(upstream: FakeOpenAIServer) -> None:
+    import os
+    import subprocess
+    import sys
+
+    environ = {k: v for k, v in os.environ.items() if k != "AC_TEST_KEY"}
+    argv = [sys.executable, "-m", "abstract_client", "serve", "-p", "openai-compatible", "-u", upstream.base_url]
+    proc = subprocess.run(
+        [*argv, "--api-key-env", "AC_TEST_KEY", "--port", "0"], capture_output=True, text=True, timeout=60, env=environ
+    )
+    assert proc.returncode == 2 and "AC_TEST_KEY is unset or empty" in proc.stderr and "Traceback" not in proc.stderr
