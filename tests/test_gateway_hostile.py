@@ -231,3 +231,37 @@ def test_api_key_env_unset_on_the_command_line_refuses_to_start(upstream: FakeOp
         [*argv, "--api-key-env", "AC_TEST_KEY", "--port", "0"], capture_output=True, text=True, timeout=60, env=environ
     )
     assert proc.returncode == 2 and "AC_TEST_KEY is unset or empty" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_the_bundled_fake_generates_lazily_reads_linearly_and_exits_on_sigterm() -> None:
+    """Users run the fake in their own CI: a huge max_tokens costs nothing up front, a large
+    upload is read in linear time, and SIGTERM ends it at once even mid-answer."""
+    import signal
+    import time
+
+    import psutil
+
+    from abstract_client.testing import SubprocessFake
+
+    fake = SubprocessFake().start()
+    assert fake.proc is not None
+    try:
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**9, "stream": True}
+        t0 = time.monotonic()
+        with httpx.stream("POST", fake.base_url + "/chat/completions", json=body, timeout=30) as r:
+            lines = r.iter_lines()
+            got = [next(lines) for _ in range(6)]
+        assert time.monotonic() - t0 < 10 and any("tok1" in line for line in got)
+        assert psutil.Process(fake.proc.pid).memory_info().rss < 300 << 20
+        t0 = time.monotonic()
+        upload = b'{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"' + b"x" * (100 << 20) + b'"}]}'
+        assert httpx.post(fake.base_url + "/chat/completions", content=upload, timeout=60).status_code == 200
+        assert time.monotonic() - t0 < 30  # linear: ~1 s here; the old quadratic read took minutes
+        with httpx.stream("POST", fake.base_url + "/chat/completions", json=body, timeout=30) as r:
+            next(r.iter_lines())
+            t0 = time.monotonic()
+            fake.proc.send_signal(signal.SIGTERM)
+            assert fake.proc.wait(10) == 0
+        assert time.monotonic() - t0 < 5
+    finally:
+        fake.stop()

@@ -38,7 +38,8 @@ def main(argv: list[str] | None = None) -> None:
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     try:
-        done.wait()
+        while not done.wait(0.2):  # a short wait: the handler runs promptly whatever the threads do
+            pass
     except KeyboardInterrupt:
         pass
     server.stop()

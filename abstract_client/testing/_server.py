@@ -21,9 +21,9 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 log = logging.getLogger(__name__)
 
@@ -218,12 +218,17 @@ class Conn:
             self.sock.close()
 
     def read_request(self) -> tuple[str, str, dict[str, str], bytes] | None:
-        while b"\r\n\r\n" not in self.buf:
+        # bytearrays grow in amortised O(1): a 200 MB upload is read in linear time
+        buf = bytearray(self.buf)
+        while b"\r\n\r\n" not in buf:
             data = self.sock.recv(65536)
             if not data:
                 return None
-            self.buf += data
-        head, _, rest = self.buf.partition(b"\r\n\r\n")
+            buf += data
+            if len(buf) > 1 << 20 and b"\r\n\r\n" not in buf[: 1 << 20]:
+                return None  # a header block over 1 MiB: not a request we serve
+        head, _, tail = bytes(buf).partition(b"\r\n\r\n")
+        rest = bytearray(tail)
         lines = head.decode("latin-1").split("\r\n")
         method, path, _ = lines[0].split(" ", 2)
         headers = {}
@@ -236,11 +241,33 @@ class Conn:
             if not data:
                 return None
             rest += data
-        body, self.buf = rest[:length], rest[length:]
+        body, self.buf = bytes(rest[:length]), bytes(rest[length:])
         return method, path, headers, body
 
 
 Handler = Callable[[Conn, RequestRecord], None]
+
+
+class _EndlessAnswer(Sequence[str]):
+    """``tok0 tok1 ...``, ``n`` tokens, made one at a time as they are sent: a request for
+    ``max_tokens=1e9`` costs no memory up front."""
+
+    def __init__(self, n: int) -> None:
+        self._n = n
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[str]: ...
+    def __getitem__(self, i: int | slice) -> str | Sequence[str]:
+        if isinstance(i, slice):
+            return [f"tok{k} " for k in range(*i.indices(self._n))]
+        if not -self._n <= i < self._n:
+            raise IndexError(i)
+        return f"tok{i % self._n} "
 
 
 class FakeServer:
@@ -508,19 +535,19 @@ class FakeServer:
         if seconds > 0:
             conn.wait(seconds, interruptible=not b.finish_prompt_before_disconnect)
 
-    def tokens(self, max_tokens: int | None) -> tuple[list[str], str]:
+    def tokens(self, max_tokens: int | None) -> tuple[Sequence[str], str]:
         """The answer as tokens, and the finish reason (``stop`` or ``length``)."""
         b = self.behavior
         limit = max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else b.default_max_tokens
         if b.answer is not None:
             words = _split_tokens(b.answer)
             return (words[:limit], "length") if len(words) > limit else (words, "stop")
-        return [f"tok{i} " for i in range(limit)], "length"
+        return _EndlessAnswer(limit), "length"
 
     def stream_tokens(
         self,
         conn: Conn,
-        tokens: list[str],
+        tokens: Sequence[str],
         frame: Callable[[str], bytes],
         fault: str | None,
         fault_frame: Callable[[str], None],

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from ._server import Conn, Handler, RequestRecord
@@ -148,7 +149,7 @@ class FakeLMStudioServer(FakeOpenAIServer):
         conn.lms_model = model  # type: ignore[attr-defined]
         self.chat(conn, record)
 
-    def stream_tokens(self, conn: Conn, tokens: list[str], frame: Any, fault: str | None, fault_frame: Any) -> bool:
+    def stream_tokens(self, conn: Conn, tokens: Sequence[str], frame: Any, fault: str | None, fault_frame: Any) -> bool:
         # Before every token, check the model is still loaded (an unload ends in-flight streams).
         model = getattr(conn, "lms_model", None)
 
@@ -208,7 +209,7 @@ class FakeLMStudioServer(FakeOpenAIServer):
         conn.chunk(named("chat.end", {"type": "chat.end", "result": self._result(model, tokens, reasoning, t0)}))
         conn.end_chunked()
 
-    def _result(self, model: str, tokens: list[str], reasoning: list[str], t0: float) -> dict[str, Any]:
+    def _result(self, model: str, tokens: Sequence[str], reasoning: list[str], t0: float) -> dict[str, Any]:
         output: list[dict[str, Any]] = []
         if reasoning:
             output.append({"type": "reasoning", "content": "".join(reasoning)})

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from ._server import Conn, Handler, RequestRecord, script_calls
@@ -194,7 +195,7 @@ class FakeOllamaServer(FakeOpenAIServer):
         model: str,
         chat: bool,
         body: dict[str, Any],
-        tokens: list[str],
+        tokens: Sequence[str],
         finish: str,
         fault: str | None,
     ) -> None:
