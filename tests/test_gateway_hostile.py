@@ -265,3 +265,36 @@ def test_the_bundled_fake_generates_lazily_reads_linearly_and_exits_on_sigterm()
         assert time.monotonic() - t0 < 5
     finally:
         fake.stop()
+
+
+def test_sigterm_stops_every_stream_with_an_error_frame_and_exits_promptly(tmp_path: Any) -> None:
+    import signal
+    import time
+
+    from abstract_client.testing.gateway import GatewayProcess
+
+    with FakeOpenAIServer(token_delay=0.01) as upstream:
+        gw = GatewayProcess.launch(
+            ["-p", "openai-compatible", "-u", upstream.base_url, "-m", "fake-model"], log_path=tmp_path / "gw.log"
+        )
+        try:
+            body = {"model": "m", "messages": json.loads(HELLO), "max_tokens": 100_000, "stream": True}
+            frames: list[str] = []
+            with httpx.stream("POST", gw.url + "/v1/chat/completions", json=body, timeout=30) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        frames.append(line[6:])
+                    if len(frames) == 5:
+                        t0 = time.monotonic()
+                        assert gw.proc is not None
+                        gw.proc.send_signal(signal.SIGTERM)
+                assert gw.proc is not None and gw.proc.wait(15) in (0, -signal.SIGTERM)  # uvicorn re-raises it
+            exited = time.monotonic() - t0
+            last = json.loads(frames[-1])
+            assert last["error"]["message"].endswith("(shutdown)"), last  # an error frame, not a silent EOF
+            assert upstream.wait_for_disconnect(upstream.last) > 0  # the upstream was severed
+            assert upstream.last.tokens_sent < 100_000
+            assert exited < 5, f"exited {exited:.1f} s after SIGTERM"
+            assert "Traceback" not in gw.log_text()
+        finally:
+            gw.stop()

@@ -10,6 +10,7 @@ into ``/metrics``. ``POST /v1/requests/{id}/cancel`` aborts the same controller.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -116,6 +117,7 @@ class Gateway:
         self.backends = {b.name: Backend(b) for b in config.backends}
         self.metrics = Metrics()
         self.flights: dict[str, Flight] = {}
+        self.loop: asyncio.AbstractEventLoop | None = None  # set at start-up (uvicorn's loop)
 
     def backend_for(self, model: Any, *, exact: bool = False) -> Backend | None:
         """The backend serving ``model``. A generation on a one-backend gateway reaches it by
@@ -127,9 +129,19 @@ class Gateway:
             return next(iter(self.backends.values()))
         return None
 
-    async def aclose(self) -> None:
+    def stop_all(self, reason: str = "shutdown") -> None:
+        """Stop every request in flight (on the gateway's loop): each stream ends with an error
+        frame, each upstream is severed, each queued request leaves its queue."""
         for flight in list(self.flights.values()):
-            flight.stop("shutdown")
+            flight.stop(reason)
+
+    def stop_all_soon(self) -> None:
+        """:meth:`stop_all` from a signal handler (it only schedules the work on the loop)."""
+        if self.loop is not None and not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self.stop_all)
+
+    async def aclose(self) -> None:
+        self.stop_all()
         for backend in self.backends.values():
             await backend.llm.aclose()
 
@@ -522,6 +534,7 @@ def create_app(config: GatewayConfig) -> Starlette:
     @asynccontextmanager
     async def lifespan(app: Starlette) -> Any:
         log.info("serving %s", ", ".join(f"{b.name} ({b.cfg.provider})" for b in gateway.backends.values()))
+        gateway.loop = asyncio.get_running_loop()
         yield
         await gateway.aclose()
 
@@ -620,14 +633,22 @@ async def _too_large(send: Send, limit: int) -> None:
 
 
 def serve(config: GatewayConfig) -> None:
+    """Run the gateway until SIGINT/SIGTERM. The signal stops every request in flight at once
+    (reason ``shutdown``: streams end with an error frame, upstreams are severed), so the
+    graceful wait that follows is short; it is bounded at 3 s all the same."""
     import uvicorn
 
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream request is noise
-    uvicorn.run(
-        create_app(config),
-        host=config.host,
-        port=config.port,
-        log_level=config.log_level,
-        timeout_graceful_shutdown=10,
+    app = create_app(config)
+    gateway: Gateway = app.state.gateway
+
+    class StoppingServer(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            gateway.stop_all_soon()
+            super().handle_exit(sig, frame)
+
+    server_config = uvicorn.Config(
+        app, host=config.host, port=config.port, log_level=config.log_level, timeout_graceful_shutdown=3
     )
+    StoppingServer(server_config).run()
