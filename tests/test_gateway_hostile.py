@@ -298,3 +298,40 @@ def test_sigterm_stops_every_stream_with_an_error_frame_and_exits_promptly(tmp_p
             assert "Traceback" not in gw.log_text()
         finally:
             gw.stop()
+
+
+def test_a_client_that_stops_reading_is_stopped_and_frees_its_slot() -> None:
+    """A stalled reader: the gateway's writes wait (flow control) past ``write_timeout``, the
+    generation stops (reason ``client_stalled``), the upstream is severed, and the one slot
+    serves the next request."""
+    import socket
+    import time
+
+    with FakeOpenAIServer(token_delay=0.0) as up:
+        backend = BackendConfig(
+            name="m", provider="openai-compatible", model="fake-model", base_url=up.base_url, max_concurrent=1
+        )
+        with InProcessGateway(GatewayConfig(backends=[backend], write_timeout=1.0)) as gw:
+            stalled = socket.socket()
+            stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            stalled.connect(("127.0.0.1", gw.port))
+            payload = json.dumps({"model": "m", "messages": json.loads(HELLO), "max_tokens": 10**8, "stream": True})
+            stalled.sendall(
+                f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(payload)}\r\n\r\n{payload}".encode()
+            )
+            try:
+                record = up.wait_for_request(timeout=10)
+                seen = up.wait_for_disconnect(record, timeout=30)  # stopped although it never left
+                assert record.tokens_sent < 10**8 and seen > 0
+                t0 = time.monotonic()
+                answer = httpx.post(
+                    gw.url + "/v1/chat/completions",
+                    json={"model": "m", "messages": json.loads(HELLO), "max_tokens": 2},
+                    timeout=60,
+                )
+                assert answer.status_code == 200 and time.monotonic() - t0 < 20  # the slot was freed
+                stops = gw.gateway.metrics.stops
+                assert stops[("m", "client_stalled")] == 1, dict(stops)
+            finally:
+                stalled.close()

@@ -90,13 +90,14 @@ class Backend:
 class Flight:
     """One request in flight: what stops it, and when the stop was seen."""
 
-    def __init__(self, request_id: str, backend: Backend) -> None:
+    def __init__(self, request_id: str, backend: Backend, *, write_timeout: float = 30.0) -> None:
         self.request_id = request_id
         self.backend = backend
         self.controller = AbortController()
         self.reason: str | None = None
         self.stop_seen_at: float | None = None
         self.client_gone = False
+        self.write_timeout = write_timeout  # a client that reads nothing for this long is stalled
         self.queue_scope: anyio.CancelScope | None = None
 
     def stop(self, reason: str) -> None:
@@ -161,8 +162,16 @@ class Gateway:
 # -- ASGI plumbing ------------------------------------------------------------------------------------
 
 
-async def send_json(send: Send, status: int, body: Any, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+async def send_json(
+    send: Send,
+    status: int,
+    body: Any,
+    headers: list[tuple[bytes, bytes]] | None = None,
+    *,
+    via: Callable[[Message], Awaitable[None]] | None = None,
+) -> None:
     data = json.dumps(body).encode()
+    send = via or send
     await send(
         {
             "type": "http.response.start",
@@ -198,7 +207,7 @@ class GenerationResponse:
             message = f"request {self.request_id} is already in flight"
             await send_json(send, 409, openai_error(message, "invalid_request_error", "duplicate_request_id"))
             return
-        flight = Flight(self.request_id, backend)
+        flight = Flight(self.request_id, backend, write_timeout=gateway.config.write_timeout)
         gateway.flights[self.request_id] = flight
         gateway.metrics.started(backend.name)
         status = 500
@@ -247,12 +256,20 @@ async def watch_disconnect(receive: Receive, flight: Flight) -> None:
 
 
 async def guarded_send(send: Send, flight: Flight, message: Message) -> None:
+    """Send to the client unless it is gone. A client that stops reading makes ``send`` wait
+    (flow control); past the write timeout that is a stop too (reason ``client_stalled``): its
+    generation ends and its slot is free for the next request."""
     if flight.client_gone:
         return
     try:
-        await send(message)
+        with anyio.move_on_after(flight.write_timeout) as scope:
+            await send(message)
     except OSError:  # the client went away under us: that is a stop too
         flight.stop("client_disconnect")
+        return
+    if scope.cancelled_caught:
+        flight.client_gone = True  # nothing more can be written to it
+        flight.stop("client_stalled")
 
 
 # -- endpoints ------------------------------------------------------------------------------------------
@@ -371,12 +388,7 @@ async def whole_answer(gateway: Gateway, flight: Flight, send: Send, produce: Ca
 
 
 async def guarded_send_json(send: Send, flight: Flight, status: int, body: Any) -> None:
-    if flight.client_gone:
-        return
-    try:
-        await send_json(send, status, body)
-    except OSError:
-        flight.stop("client_disconnect")
+    await send_json(send, status, body, via=lambda message: guarded_send(send, flight, message))
 
 
 async def stream_generation(

@@ -64,6 +64,7 @@ class GatewayConfig:
     api_key: str | None = None  # a bearer key every request must carry (never logged)
     log_level: str = "info"
     max_body_bytes: int = 32 * 2**20  # a larger request body is a 413, refused before it is read
+    write_timeout: float = 30.0  # a client that reads nothing for this long is stopped (stalled)
 
     def __post_init__(self) -> None:
         if not self.backends:
@@ -78,6 +79,9 @@ class GatewayConfig:
         _check(self.max_body_bytes, int, "max_body_bytes")
         if self.max_body_bytes < 1024:
             raise ConfigError("max_body_bytes must be at least 1024")
+        _check(self.write_timeout, (int, float), "write_timeout")
+        if not self.write_timeout > 0:
+            raise ConfigError("write_timeout must be > 0 seconds")
         if self.api_key is not None:
             _check(self.api_key, str, "api_key")
             if not self.api_key.strip():
@@ -93,7 +97,7 @@ def key_from_env(name: str) -> str:
     return value
 
 
-_SERVER_KEYS = {"host", "port", "api_key", "api_key_env", "log_level", "max_body_bytes"}
+_SERVER_KEYS = {"host", "port", "api_key", "api_key_env", "log_level", "max_body_bytes", "write_timeout"}
 _BACKEND_KEYS = set(BackendConfig.__dataclass_fields__)
 
 
