@@ -335,3 +335,44 @@ def test_a_client_that_stops_reading_is_stopped_and_frees_its_slot() -> None:
                 assert stops[("m", "client_stalled")] == 1, dict(stops)
             finally:
                 stalled.close()
+
+
+def test_only_the_same_key_or_the_admin_key_cancels_a_request() -> None:
+    with FakeOpenAIServer(token_delay=0.01) as up:
+        backend = BackendConfig(name="m", provider="openai-compatible", model="fake-model", base_url=up.base_url)
+        config = GatewayConfig(backends=[backend], api_keys=["alice-key", "bob-key"], admin_key="root-key")
+        with InProcessGateway(config) as gw:
+
+            def auth(key: str, **headers: str) -> dict[str, str]:
+                return {"Authorization": f"Bearer {key}", **headers}
+
+            body = {"model": "m", "messages": json.loads(HELLO), "max_tokens": 100_000, "stream": True}
+            results: dict[str, int] = {}
+
+            def stream(rid: str) -> None:
+                with httpx.stream(
+                    "POST",
+                    gw.url + "/v1/chat/completions",
+                    json=body,
+                    headers=auth("alice-key", **{"X-Request-Id": rid}),
+                ) as r:
+                    results[rid] = sum(1 for line in r.iter_lines() if line.startswith("data: "))
+
+            threads = [threading.Thread(target=stream, args=(rid,)) for rid in ("a-1", "a-2")]
+            for t in threads:
+                t.start()
+            up.wait_for_request(2, timeout=10)
+            cancel = gw.url + "/v1/requests/{}/cancel"
+            assert httpx.post(cancel.format("a-1"), headers=auth("bob-key")).status_code == 404  # not bob's
+            assert httpx.post(cancel.format("a-1"), headers=auth("nope")).status_code == 401
+            assert "a-1" in gw.gateway.flights  # still running
+            assert httpx.post(cancel.format("a-1"), headers=auth("alice-key")).status_code == 200  # hers
+            assert httpx.post(cancel.format("a-2"), headers=auth("root-key")).status_code == 200  # the admin's
+            for t in threads:
+                t.join(30)
+            assert set(results) == {"a-1", "a-2"} and all(n < 100_000 for n in results.values())
+            for record in up.requests("/v1/chat/completions"):
+                up.wait_for_disconnect(record, timeout=10)  # both upstreams were severed
+            unload = gw.url + "/v1/models/unload"
+            assert_openai_error(httpx.post(unload, json={"model": "m"}, headers=auth("alice-key")), 403)
+            assert httpx.post(unload, json={"model": "m"}, headers=auth("root-key")).status_code == 200

@@ -337,6 +337,8 @@ def _gateway_config(args: argparse.Namespace) -> Any:
         config.port = args.port
     if args.api_key_env:
         config.api_key = key_from_env(args.api_key_env)
+    if args.admin_key_env:
+        config.admin_key = key_from_env(args.admin_key_env)
     if args.max_body_mb is not None:
         config.max_body_bytes = int(args.max_body_mb * 2**20)
     config.log_level = args.log_level
@@ -395,6 +397,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--queue-timeout", type=float, default=30.0, help="seconds a request may wait: then 503")
     p.add_argument(
         "--api-key-env", default=None, help="the name of an environment variable holding the bearer key (must be set)"
+    )
+    p.add_argument(
+        "--admin-key-env", default=None, help="an environment variable holding the admin key (cancels any request)"
     )
     p.add_argument("--max-body-mb", type=float, default=None, help="largest request body in MiB (default 32): 413")
     p.add_argument("--log-level", default="info")

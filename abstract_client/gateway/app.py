@@ -11,6 +11,7 @@ into ``/metrics``. ``POST /v1/requests/{id}/cancel`` aborts the same controller.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import json
 import logging
@@ -97,6 +98,7 @@ class Flight:
         self.reason: str | None = None
         self.stop_seen_at: float | None = None
         self.client_gone = False
+        self.owner: str | None = None  # the identity of the key it came with (cancel(id) checks it)
         self.write_timeout = write_timeout  # a client that reads nothing for this long is stalled
         self.queue_scope: anyio.CancelScope | None = None
 
@@ -208,6 +210,7 @@ class GenerationResponse:
             await send_json(send, 409, openai_error(message, "invalid_request_error", "duplicate_request_id"))
             return
         flight = Flight(self.request_id, backend, write_timeout=gateway.config.write_timeout)
+        flight.owner = scope.get("state", {}).get("owner")
         gateway.flights[self.request_id] = flight
         gateway.metrics.started(backend.name)
         status = 500
@@ -510,12 +513,19 @@ def create_app(config: GatewayConfig) -> Starlette:
 
     async def cancel(request: Request) -> Response:
         flight = gateway.flights.get(request.path_params["request_id"])
-        if flight is None:
+        state = request.scope["state"]
+        # another key's request is "not found": its id is not even confirmed to exist
+        if flight is None or not (state.get("admin") or flight.owner == state.get("owner")):
             return JSONResponse(openai_error("no such request in flight", "invalid_request_error", "not_found"), 404)
         flight.stop("cancel_endpoint")
         return JSONResponse({"id": flight.request_id, "cancelled": True})
 
     async def load_or_unload(request: Request) -> Response:
+        state = request.scope["state"]
+        if state.get("admin_required") and not state.get("admin"):
+            return JSONResponse(
+                openai_error("loading and unloading models needs the admin key", "permission_error"), 403
+            )
         try:
             body = await _json(request)
         except BadRequest as err:
@@ -571,19 +581,45 @@ def create_app(config: GatewayConfig) -> Starlette:
 
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: http_error, 405: http_error})
     app.state.gateway = gateway
-    return RequestIdAndAuth(app, config.api_key, max_body_bytes=config.max_body_bytes)  # type: ignore[return-value]
+    keys = [*([config.api_key] if config.api_key else []), *config.api_keys]
+    return RequestIdAndAuth(  # type: ignore[return-value]
+        app, keys, admin_key=config.admin_key, max_body_bytes=config.max_body_bytes
+    )
 
 
 class RequestIdAndAuth:
     """Outermost middleware: every response carries ``X-Request-Id`` (the caller's, if valid);
-    with an API key, every route but ``/health`` needs ``Authorization: Bearer <key>`` (compared
-    in constant time; keys never logged)."""
+    with API keys, every route but ``/health`` needs ``Authorization: Bearer <key>`` (compared
+    in constant time; keys never logged). The key a request came with is its owner: only the
+    same key, or the admin key, may cancel it; with an admin key set, only it may load and
+    unload models."""
 
-    def __init__(self, app: Starlette, api_key: str | None, *, max_body_bytes: int = 32 * 2**20) -> None:
+    def __init__(
+        self,
+        app: Starlette,
+        api_keys: list[str],
+        *,
+        admin_key: str | None = None,
+        max_body_bytes: int = 32 * 2**20,
+    ) -> None:
         self.app = app
         self.state = app.state
-        self._key = api_key.encode() if api_key else None
+        self._admin = admin_key.encode() if admin_key else None
+        self._keys = [k.encode() for k in api_keys] + ([self._admin] if self._admin else [])
         self.max_body_bytes = max_body_bytes
+
+    def _owner(self, auth: bytes) -> tuple[bool, str | None, bool]:
+        """(accepted, the key's identity (a hash, never the key), is it the admin key)."""
+        if not self._keys:
+            return True, None, False
+        given = auth[7:].strip() if auth.startswith(b"Bearer ") else b""
+        found = None
+        for key in self._keys:  # every key compared, in constant time: no early exit
+            if hmac.compare_digest(given, key):
+                found = key
+        if found is None:
+            return False, None, False
+        return True, hashlib.sha256(found).hexdigest()[:16], found == self._admin
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -603,11 +639,11 @@ class RequestIdAndAuth:
                 message = {**message, "headers": [*message.get("headers", []), tag]}
             await send(message)
 
-        if self._key is not None and scope.get("path") != "/health":
-            auth = headers.get(b"authorization", b"")
-            if not (auth.startswith(b"Bearer ") and hmac.compare_digest(auth[7:].strip(), self._key)):
-                await send_json(send_with_id, 401, openai_error("missing or wrong API key", "authentication_error"))
-                return
+        accepted, owner, admin = self._owner(headers.get(b"authorization", b""))
+        if not accepted and scope.get("path") != "/health":
+            await send_json(send_with_id, 401, openai_error("missing or wrong API key", "authentication_error"))
+            return
+        scope["state"].update(owner=owner, admin=admin, admin_required=self._admin is not None)
         # The body limit: a declared length over it is refused before a byte is read; any other
         # body is read here (at most the limit, so memory stays bounded) and refused the moment
         # it passes it, before the app sees anything; the app gets the body replayed.

@@ -62,6 +62,8 @@ class GatewayConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None  # a bearer key every request must carry (never logged)
+    api_keys: list[str] = field(default_factory=list)  # more client keys; each owns its requests
+    admin_key: str | None = None  # may cancel any request; with it set, only it loads/unloads
     log_level: str = "info"
     max_body_bytes: int = 32 * 2**20  # a larger request body is a 413, refused before it is read
     write_timeout: float = 30.0  # a client that reads nothing for this long is stopped (stalled)
@@ -82,10 +84,15 @@ class GatewayConfig:
         _check(self.write_timeout, (int, float), "write_timeout")
         if not self.write_timeout > 0:
             raise ConfigError("write_timeout must be > 0 seconds")
-        if self.api_key is not None:
-            _check(self.api_key, str, "api_key")
-            if not self.api_key.strip():
-                raise ConfigError("api_key is empty: refusing to serve with a key nobody can send")
+        _check(self.api_keys, list, "api_keys")
+        for name, key in [("api_key", self.api_key), ("admin_key", self.admin_key)] + [
+            ("api_keys", k) for k in self.api_keys
+        ]:
+            if key is None:
+                continue
+            _check(key, str, name)
+            if not key.strip():
+                raise ConfigError(f"{name} has an empty key: refusing to serve with a key nobody can send")
 
 
 def key_from_env(name: str) -> str:
@@ -97,7 +104,18 @@ def key_from_env(name: str) -> str:
     return value
 
 
-_SERVER_KEYS = {"host", "port", "api_key", "api_key_env", "log_level", "max_body_bytes", "write_timeout"}
+_SERVER_KEYS = {
+    "host",
+    "port",
+    "api_key",
+    "api_key_env",
+    "api_keys",
+    "admin_key",
+    "admin_key_env",
+    "log_level",
+    "max_body_bytes",
+    "write_timeout",
+}
 _BACKEND_KEYS = set(BackendConfig.__dataclass_fields__)
 
 
@@ -120,10 +138,11 @@ def load_config(path: str | Path) -> GatewayConfig:
     unknown = set(server) - _SERVER_KEYS
     if unknown:
         raise ConfigError(f"{path}: unknown [server] key(s) {sorted(unknown)}; known: {sorted(_SERVER_KEYS)}")
-    env = server.pop("api_key_env", None)
-    if env is not None:
-        _check(env, str, "api_key_env")
-        server["api_key"] = key_from_env(env)
+    for env_key, key in (("api_key_env", "api_key"), ("admin_key_env", "admin_key")):
+        env = server.pop(env_key, None)
+        if env is not None:
+            _check(env, str, env_key)
+            server[key] = key_from_env(env)
     backends = []
     entries = data.get("backend") or []
     if not isinstance(entries, list):
