@@ -18,6 +18,7 @@ import httpx
 
 __all__ = [
     "check_base_url",
+    "check_dimensions",
     "check_generation",
     "check_messages",
     "check_request_id",
@@ -87,6 +88,10 @@ def check_generation(options: Mapping[str, Any]) -> None:
             raise ValueError(f"max_tokens must be between 1 and {MAX_TOKENS_LIMIT}, not {n}")
     if options.get("temperature") is not None and _number(options["temperature"], "temperature") < 0:
         raise ValueError("temperature must be >= 0")
+    if options.get("model") is not None:
+        if not isinstance(options["model"], str):
+            raise TypeError(f"model must be a string, not {type(options['model']).__name__}")
+        check_text(options["model"], "model")
     if options.get("seed") is not None:
         _integer(options["seed"], "seed")
     for key in ("top_p", "min_p"):
@@ -110,6 +115,18 @@ def check_generation(options: Mapping[str, Any]) -> None:
             raise TypeError("stop must be a string or a list of strings")
         for s in stops:
             check_text(s, "stop")
+
+
+MAX_DIMENSIONS = 65_536
+
+
+def check_dimensions(dimensions: object) -> None:
+    """An embedding length: None (the model's own) or an integer 1..65,536."""
+    if dimensions is None:
+        return
+    n = _integer(dimensions, "dimensions")
+    if not 1 <= n <= MAX_DIMENSIONS:
+        raise ValueError(f"dimensions must be between 1 and {MAX_DIMENSIONS}, not {n}")
 
 
 def check_request_id(request_id: object) -> None:

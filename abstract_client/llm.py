@@ -19,7 +19,7 @@ from typing import Any, TypedDict, TypeVar, Unpack
 import anyio
 
 from ._sync import Portal, SyncGenerationStream
-from ._validate import check_generation, check_messages, check_request_id, check_text
+from ._validate import check_dimensions, check_generation, check_messages, check_request_id, check_text
 from .contract import (
     Call,
     CallSpec,
@@ -301,6 +301,8 @@ class LLM:
             raise TypeError("embed() takes a string or a list of strings")
         for i, text in enumerate(inputs):
             check_text(text, f"texts[{i}]")
+        if model is not None:
+            check_text(model, "model")
         size = self.provider.default_embed_batch_size if batch_size is None else batch_size
         if size < 1:
             raise ValueError("batch_size must be >= 1")
@@ -350,6 +352,7 @@ class LLM:
             NotSupportedError: the lane or model has no embeddings.
         """
         call, inputs, size = self._embed_call(texts, batch_size, cancel_event, signal, timeout, request_id, model)
+        check_dimensions(dimensions)
         return self._portal.run(lambda: run_embedding(call, inputs, batch_size=size, dimensions=dimensions), call=call)
 
     async def aembed(
@@ -366,6 +369,7 @@ class LLM:
     ) -> EmbeddingResult:
         """:meth:`embed` for async code; same arguments, result and errors."""
         call, inputs, size = self._embed_call(texts, batch_size, cancel_event, signal, timeout, request_id, model)
+        check_dimensions(dimensions)
         return await run_embedding(call, inputs, batch_size=size, dimensions=dimensions)
 
     def count_tokens(

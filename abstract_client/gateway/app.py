@@ -46,6 +46,7 @@ from .openai_wire import (
     text_completion,
     usage_frame,
 )
+from .openapi import openapi_document
 
 __all__ = [
     "Backend",
@@ -511,6 +512,9 @@ def create_app(config: GatewayConfig) -> Starlette:
 
         return Response(gateway.metrics.render(list(gateway.backends)), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
+    async def openapi(request: Request) -> Response:
+        return JSONResponse(openapi_document())
+
     async def cancel(request: Request) -> Response:
         flight = gateway.flights.get(request.path_params["request_id"])
         state = request.scope["state"]
@@ -570,6 +574,7 @@ def create_app(config: GatewayConfig) -> Starlette:
         Route("/v1/requests/{request_id}/cancel", cancel, methods=["POST"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
     ]
 
     async def http_error(request: Request, exc: Exception) -> Response:

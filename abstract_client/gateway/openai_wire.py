@@ -65,6 +65,8 @@ def generation_args(body: Any, *, chat: bool) -> tuple[dict[str, Any], bool, boo
             if body.get(key) is not None:
                 kwargs[key] = body[key]
         effort = body.get("reasoning_effort")
+        if effort is not None and not isinstance(effort, str):
+            raise BadRequest(f"reasoning_effort must be a string, not {type(effort).__name__}")
         thinking = _object(body, "chat_template_kwargs").get("enable_thinking")
         if effort in _EFFORT:
             kwargs["reasoning"] = effort

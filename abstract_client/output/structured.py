@@ -260,6 +260,8 @@ def response_format_from(value: Any) -> ResponseFormat | None:
         return ResponseFormat(schema=value.model_json_schema(), name=value.__name__, model=value)
     if isinstance(value, dict):
         kind = value.get("type")
+        if kind == "text" and len(value) == 1:  # OpenAI's "plain text": no format at all
+            return None
         if kind == "json_object":
             schema = value.get("schema") if isinstance(value.get("schema"), dict) else None
             if schema is not None:

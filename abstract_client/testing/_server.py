@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, overload
 
 log = logging.getLogger(__name__)
+MAX_EMBED_DIM = 8192  # like a real server, the fake refuses vectors longer than any model has
 
 
 class ClientGone(Exception):
@@ -511,7 +512,11 @@ class FakeServer:
         if not isinstance(inputs, list) or not all(isinstance(t, str) for t in inputs):
             conn.send_json(400, self.error_body(400, "input must be a string or a list of strings"))
             return None
-        return model, inputs, body.get("dimensions")
+        dimensions = body.get("dimensions")
+        if dimensions is not None and not (isinstance(dimensions, int) and 1 <= dimensions <= MAX_EMBED_DIM):
+            conn.send_json(400, self.error_body(400, f"dimensions must be an integer from 1 to {MAX_EMBED_DIM}"))
+            return None
+        return model, inputs, dimensions
 
     def embed_all(self, conn: Conn, inputs: list[str], dimensions: Any = None) -> list[list[float]]:
         """One vector per input, ``embed_delay`` apart; raises ClientGone if the client leaves.
