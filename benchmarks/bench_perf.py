@@ -10,8 +10,10 @@ in its own process (in-process, its threads would compete with the client for th
   ``threading.Event`` stop source, all waiting for the server's first byte; then stop → raise
   for one Event-driven call set from another thread (p50/p99 over ``-n`` stops).
 * cancel_id: ``cancel(request_id)`` of a call with no stop source of its own: raise, server EOF.
-* chunks: one SSE stream of 20,000 chunks: chunks/s for raw httpx (``aiter_lines`` +
-  ``json.loads``), abstract-client ``astream`` and openai-python, side by side in one run.
+* chunks: one SSE stream of 20,000 chunks, rendered before the request and written in one
+  ``sendall`` by its own process (``_prerendered.py``: the server is not the limit): chunks/s for
+  raw httpx (``aiter_lines`` + ``json.loads``, the floor), abstract-client ``astream`` and
+  openai-python, side by side in one run.
 * overhead: a ~1 KB non-streaming answer, per request: the guarded private connection every
   generation uses vs the same call forced onto the pooled client.
 
@@ -25,10 +27,12 @@ import argparse
 import asyncio
 import json
 import statistics
+import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -134,10 +138,26 @@ def cancel_by_id(n: int) -> list[dict[str, Any]]:
 # -- chunks ---------------------------------------------------------------------------------------
 
 
+@contextmanager
+def prerendered(n_chunks: int) -> Iterator[str]:
+    """A server that writes its whole answer, rendered in advance, in one ``sendall`` (its own
+    process): the floor it sets is the kernel's copy, not a fake's generation rate."""
+    proc = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("_prerendered.py")), str(n_chunks)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        yield proc.stdout.readline().strip()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def chunks(n_chunks: int, repeats: int) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    with SubprocessFake("openai", token_delay=0.0) as server:
-        base = server.base_url  # .../v1
+    with prerendered(n_chunks) as base:  # .../v1
         body = {"model": "fake-model", "messages": [{"role": "user", "content": "x"}], "stream": True}
         body["max_tokens"] = n_chunks
         llm = create_llm("openai-compatible", "fake-model", base_url=base, max_retries=0)
