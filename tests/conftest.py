@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -28,6 +29,14 @@ LANES: dict[str, type[FakeServer]] = {
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     """Every async test runs on asyncio AND trio."""
     return str(request.param)
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random-weight MLX llama (built once per session; the MLX test modules share it)."""
+    from abstract_client.testing.tiny_mlx import build_tiny_llama
+
+    return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
 
 
 @pytest.fixture(params=list(LANES))

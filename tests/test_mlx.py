@@ -28,15 +28,9 @@ from abstract_client import (
 from .helpers import require_module, stream_in_threads
 
 mx = require_module("mlx.core", "mlx")
-from abstract_client.testing.tiny_mlx import build_tiny_llama  # noqa: E402
 from providers.mlx import MLXProvider  # noqa: E402
 
 NO_EOS = {"logit_bias": {1: -1e9}}  # the tiny model's EOS id: generations run until max_tokens
-
-
-@pytest.fixture(scope="session")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
 
 
 @pytest.fixture

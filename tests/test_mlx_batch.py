@@ -17,16 +17,10 @@ from abstract_client import LLM, GenerateResult, GenerationCancelledError, creat
 from .helpers import require_module, wait_until
 
 mx = require_module("mlx.core", "mlx")
-from abstract_client.testing.tiny_mlx import build_tiny_llama  # noqa: E402
 from providers.mlx import MLXProvider  # noqa: E402
 
 NO_EOS = {"logit_bias": {1: -1e9}}  # only for the serial reference runs (the tiny model's EOS id)
 PROMPTS = ["hello world", "the quick brown fox", "one two three four five six", "abc"]
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_llama(tmp_path_factory.mktemp("tiny-batch"))
 
 
 @pytest.fixture

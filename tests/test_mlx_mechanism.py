@@ -27,7 +27,6 @@ import importlib  # noqa: E402
 
 import mlx_lm  # noqa: E402
 
-from abstract_client.testing.tiny_mlx import build_tiny_llama  # noqa: E402
 from providers.mlx import MLXProvider  # noqa: E402
 
 # ``mlx_lm.generate`` is also the name of a function in ``mlx_lm``: fetch the module itself
@@ -44,11 +43,6 @@ def positions(lo: int, hi: int, k: int = 5) -> list[int]:
     if all(p % 2 == 0 for p in picked):
         picked[0] += 1
     return sorted(set(picked))
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_llama(tmp_path_factory.mktemp("tiny-mechanism"))
 
 
 @pytest.fixture
