@@ -25,7 +25,7 @@ from abstract_client import (
 )
 from abstract_client.testing.processes import LlamaServer
 
-from .helpers import launch_llama_server
+from .helpers import launch_llama_server, wait_until
 
 pytestmark = pytest.mark.llamacpp
 
@@ -241,9 +241,18 @@ def test_non_streaming_stop_reaches_the_server_within_a_token(lm: LLM, llama: Ll
     prompt_tokens = lm.count_tokens(messages=prompt)
     before = len(llama.cancelled_tasks())
     event = threading.Event()
-    threading.Timer(1.0, event.set).start()
+
+    def stop_once_decoding() -> None:
+        # by the server's own count, not a timer: a loaded machine may take seconds to prefill
+        wait_until(lambda: llama.n_decoded() >= 5, timeout=120, interval=0.02)
+        time.sleep(0.5)  # the tokens the server wrote reach the client's record
+        event.set()
+
+    stopper = threading.Thread(target=stop_once_decoding, daemon=True)
+    stopper.start()
     with pytest.raises(GenerationCancelledError) as info:
         lm.generate(messages=prompt, max_tokens=2000, ignore_eos=True, cancel_event=event)
+    stopper.join(5)
     received = info.value.generated_tokens
     assert info.value.partial_text and received > 0  # the partial answer is kept
     assert_server_stopped(llama, before)
