@@ -17,12 +17,12 @@ from urllib.parse import unquote
 import httpx
 
 __all__ = [
+    "MAX_TOKENS_LIMIT",
     "check_base_url",
     "check_dimensions",
     "check_generation",
     "check_messages",
     "check_request_id",
-    "check_seconds",
     "check_text",
 ]
 
@@ -138,15 +138,6 @@ def check_request_id(request_id: object) -> None:
             "request_id must be 1-200 printable ASCII characters without spaces or line breaks, "
             f"not {request_id[:40]!r}"
         )
-
-
-def check_seconds(value: float | None, what: str) -> float | None:
-    """A deadline in seconds: None (no limit) or a finite number > 0."""
-    if value is None:
-        return None
-    if _number(value, what) <= 0:
-        raise ValueError(f"{what} must be > 0 seconds (or None for no limit), not {value!r}")
-    return float(value)
 
 
 def check_base_url(url: object) -> tuple[str, dict[str, str]]:

@@ -62,8 +62,6 @@ def stream_in_threads(
 def launch_llama_server(tmp_path_factory: Any, name: str, **launch: Any) -> Any:
     """A real llama-server on SmolLM2 (``LlamaServer.launch`` options), or a FAILED test with
     the reason when the binary or the model is missing."""
-    import pytest
-
     from abstract_client.testing.processes import LlamaServer, llama_server_binary, smollm2_gguf
 
     binary, model = llama_server_binary(), smollm2_gguf()

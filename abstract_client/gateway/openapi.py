@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._validate import MAX_TOKENS_LIMIT
+
 __all__ = ["openapi_document"]
 
 _ERROR = {
@@ -68,8 +70,8 @@ _MESSAGE = {
 }
 _SAMPLING = {
     "model": {"type": "string"},
-    "max_tokens": {"type": "integer", "minimum": 1, "maximum": 2**31 - 1},
-    "max_completion_tokens": {"type": "integer", "minimum": 1, "maximum": 2**31 - 1},
+    "max_tokens": {"type": "integer", "minimum": 1, "maximum": MAX_TOKENS_LIMIT},
+    "max_completion_tokens": {"type": "integer", "minimum": 1, "maximum": MAX_TOKENS_LIMIT},
     "temperature": {"type": "number", "minimum": 0},
     "top_p": {"type": "number", "minimum": 0, "maximum": 1},
     "seed": {"type": "integer"},
