@@ -11,8 +11,9 @@ from dataclasses import replace
 from typing import Any
 
 from abstract_client.errors import ProviderProtocolError
+from abstract_client.http.sse import SSEDecoder
 from abstract_client.http.transport import HttpClients
-from abstract_client.http.wire import expect_stream, json_body, load_frame, poll_until_ready, sse_events
+from abstract_client.http.wire import expect_stream, json_body, load_frame, poll_until_ready
 from abstract_client.provider import CallContext, Completion, EmbeddingBatch, ModelInfo, Provider
 from abstract_client.types import (
     GenerationRequest,
@@ -213,13 +214,19 @@ async def openai_sse_chunks(
     ``/v1/completions`` text chunks), ending at ``[DONE]``. A stream that ends without ``[DONE]``
     is accepted only if a finish_reason was seen; else it was cut short."""
     finished = False
-    async for event in sse_events(resp):
-        if event.data.strip() == "[DONE]":
-            return
-        frame = load_frame(event.data)
-        for chunk in chat_chunks(frame) if mapping is None else [mapping(frame)]:
-            finished = finished or chunk.finish_reason is not None
-            yield chunk
+    decoder = SSEDecoder()
+    # the decoder is driven here, not through ``sse_events``: one async-generator hop less per
+    # chunk (the gateway pays this path for every upstream chunk)
+    async for part in resp.aiter_bytes():
+        for event in decoder.feed(part):
+            if event.data.strip() == "[DONE]":
+                return
+            frame = load_frame(event.data)
+            for chunk in chat_chunks(frame) if mapping is None else [mapping(frame)]:
+                finished = finished or chunk.finish_reason is not None
+                yield chunk
+    if decoder.has_partial:
+        raise ProviderProtocolError("the stream ended in the middle of an SSE frame")
     if not finished:
         raise ProviderProtocolError("the stream ended before its final frame ([DONE] or a finish_reason)")
 

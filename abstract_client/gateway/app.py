@@ -38,15 +38,17 @@ from .config import BackendConfig, GatewayConfig
 from .metrics import Metrics
 from .openai_wire import (
     BadRequest,
+    FrameEncoder,
     chat_completion,
-    chunk_frames,
     error_body,
     generation_args,
     openai_error,
+    sse,
     text_completion,
     usage_frame,
 )
 from .openapi import openapi_document
+from .sse_writer import FrameWriter
 
 __all__ = [
     "Backend",
@@ -63,7 +65,6 @@ __all__ = [
     "request_id_of",
     "send_json",
     "serve",
-    "sse",
     "stream_generation",
     "watch_disconnect",
     "whole_answer",
@@ -184,10 +185,6 @@ async def send_json(
         }
     )
     await send({"type": "http.response.body", "body": data})
-
-
-def sse(obj: Any) -> bytes:
-    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
 class GenerationResponse:
@@ -407,52 +404,60 @@ async def stream_generation(
 ) -> int:
     """SSE. The response starts with the first chunk, so an error before it (unknown model,
     context overflow...) gets its own status; one after it ends the stream with an error frame,
-    never a silent EOF."""
+    never a silent EOF. Frames go out coalesced (:class:`FrameWriter`)."""
+    writer = FrameWriter(lambda message: guarded_send(send, flight, message))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(writer.run)
+        status, error, tail = await _produce(
+            gateway, flight, writer, kwargs, model, chat=chat, include_usage=include_usage
+        )
+        if tail is not None:
+            writer.finish(tail)
+        elif error is None:  # the client is gone
+            writer.abandon()
+        elif writer.started:
+            writer.finish(sse(error))
+        else:  # an error before the first frame: its own status and a JSON body
+            writer.abandon()
+            await guarded_send_json(send, flight, status, error)
+    return status
+
+
+async def _produce(
+    gateway: Gateway,
+    flight: Flight,
+    writer: FrameWriter,
+    kwargs: dict[str, Any],
+    model: str,
+    *,
+    chat: bool,
+    include_usage: bool,
+) -> tuple[int, dict[str, Any] | None, bytes | None]:
+    """Run the stream into ``writer``: ``(status, error body, the last bytes of a complete
+    answer)``; neither an error nor last bytes: the client is gone, send nothing more."""
     llm = flight.backend.llm
     created = int(time.time())
-    started = False
-
-    async def start() -> None:
-        nonlocal started
-        started = True
-        headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
-        await guarded_send(send, flight, {"type": "http.response.start", "status": 200, "headers": headers})
-
-    async def body(data: bytes, more: bool = True) -> None:
-        await guarded_send(send, flight, {"type": "http.response.body", "body": data, "more_body": more})
-
+    encoder = FrameEncoder(flight.request_id, model, created, chat=chat)
     try:
         stream = llm.astream(**kwargs, signal=flight.controller.signal, request_id=flight.request_id)
         async with stream:
             async for chunk in stream:
-                frames = chunk_frames(chunk, flight.request_id, model, created, chat=chat)
-                if frames and not started:
-                    await start()
-                for frame in frames:
-                    await body(sse(frame))
+                frames = encoder.encode(chunk)
+                if frames:
+                    writer.start()
+                    writer.write(frames)
+                    if writer.behind:
+                        await writer.room()
         result: GenerateResult = stream.result()
     except GenerationCancelledError as err:
         gateway.stop_recorded(flight)
-        if flight.client_gone:
-            return 499
-        if not started:
-            await guarded_send_json(send, flight, *error_body(err))
-        else:
-            await body(sse(error_body(err)[1]), more=False)
-        return 499
+        return 499, None if flight.client_gone else error_body(err)[1], None
     except Exception as err:
         status, payload = error_body(err)
-        if not started:
-            await guarded_send_json(send, flight, status, payload)
-            return status
-        await body(sse(payload), more=False)
-        return status
-    if not started:
-        await start()
-    if include_usage:
-        await body(sse(usage_frame(result, flight.request_id, model, created, chat=chat)))
-    await body(b"data: [DONE]\n\n", more=False)
-    return 200
+        return status, payload, None
+    writer.start()
+    usage = sse(usage_frame(result, flight.request_id, model, created, chat=chat)) if include_usage else b""
+    return 200, None, usage + b"data: [DONE]\n\n"
 
 
 def embeddings_endpoint(gateway: Gateway) -> Callable[[Request], Awaitable[Any]]:

@@ -4,6 +4,7 @@ right status. Pure functions."""
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -24,11 +25,13 @@ from ..types import GenerateResult, StreamChunk, ToolCallDelta
 __all__ = [
     "BadRequest",
     "chat_completion",
+    "FrameEncoder",
     "chunk_frames",
     "error_body",
     "generation_args",
     "openai_error",
     "text_completion",
+    "sse",
     "usage_frame",
 ]
 
@@ -185,6 +188,34 @@ def chunk_frames(chunk: StreamChunk, request_id: str, model: str, created: int, 
         return []
     choice = {"index": 0, "delta": delta, "finish_reason": chunk.finish_reason}
     return [{**base, "object": "chat.completion.chunk", "choices": [choice]}]
+
+
+def sse(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+class FrameEncoder:
+    """The SSE bytes of one stream's chunks. A plain content chunk — nearly every chunk — is
+    its text's JSON between two pre-encoded halves (one ``json.dumps`` of a string instead of a
+    whole frame); anything else goes through :func:`chunk_frames`."""
+
+    def __init__(self, request_id: str, model: str, created: int, *, chat: bool) -> None:
+        self.request_id, self.model, self.created, self.chat = request_id, model, created, chat
+        base = json.dumps({"id": request_id, "created": created, "model": model}, separators=(",", ":"))[:-1]
+        if chat:
+            self._head = f'data: {base},"object":"chat.completion.chunk","choices":[{{"index":0,"delta":{{"content":'
+            self._tail = b'},"finish_reason":null}]}\n\n'
+        else:
+            self._head = f'data: {base},"object":"text_completion","choices":[{{"index":0,"text":'
+            self._tail = b',"finish_reason":null}]}\n\n'
+        self._head_bytes = self._head.encode()
+
+    def encode(self, chunk: StreamChunk) -> bytes:
+        """The frames for ``chunk`` (empty: it carries nothing the wire shows)."""
+        if chunk.delta and chunk.finish_reason is None and not chunk.reasoning and chunk.tool_call is None:
+            return self._head_bytes + json.dumps(chunk.delta).encode() + self._tail
+        frames = chunk_frames(chunk, self.request_id, self.model, self.created, chat=self.chat)
+        return b"".join(sse(frame) for frame in frames)
 
 
 def usage_frame(result: GenerateResult, request_id: str, model: str, created: int, *, chat: bool) -> dict[str, Any]:
