@@ -125,6 +125,7 @@ class Provider(abc.ABC):
     # False: the backend has no plain route (an in-process engine): every non-streaming call is
     # assembled from the stream, ``plain_wire=True`` included.
     plain_route: ClassVar[bool] = True
+    in_process: ClassVar[bool] = False  # the engine runs in this process (one gateway worker only)
     default_embed_batch_size: int = 32  # inputs per embeddings request (client-side batching)
 
     def __init__(self, *, model: str | None, clients: HttpClients | None = None) -> None:

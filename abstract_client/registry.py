@@ -17,7 +17,7 @@ from .llm import LLM
 from .provider import Provider
 from .types import Timeout
 
-__all__ = ["ENTRY_POINT_GROUP", "available_providers", "create_llm", "register_provider"]
+__all__ = ["ENTRY_POINT_GROUP", "available_providers", "create_llm", "register_provider", "runs_in_process"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,11 @@ def available_providers() -> list[str]:
     names = set(_BUILTIN) | set(_registered)
     names |= {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)}
     return sorted(names)
+
+
+def runs_in_process(name: str) -> bool:
+    """Does lane ``name`` run its engine in this process (a provider class's ``in_process``)?"""
+    return bool(getattr(_factory(name), "in_process", False))
 
 
 def _load(spec: str) -> Callable[..., Provider]:

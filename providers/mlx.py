@@ -64,6 +64,7 @@ class MLXProvider(Provider):
     name = "mlx"
     complete_over_stream = True  # non-streaming calls are assembled by the contract, chunk by chunk
     plain_route = False  # ... always: an engine has no other route
+    in_process = True
     default_embed_batch_size = 16
 
     def __init__(

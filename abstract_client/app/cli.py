@@ -301,7 +301,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if config is None:
         sys.stderr.write("error: serve needs --provider or --config\n")
         return 2
-    serve(config)
+    try:
+        serve(config)
+    except ConfigError as err:
+        sys.stderr.write(f"error: {err}\n")
+        return 2
     return 0
 
 
@@ -341,6 +345,8 @@ def _gateway_config(args: argparse.Namespace) -> Any:
         config.admin_key = key_from_env(args.admin_key_env)
     if args.max_body_mb is not None:
         config.max_body_bytes = int(args.max_body_mb * 2**20)
+    if args.workers is not None:
+        config.workers = args.workers
     config.log_level = args.log_level
     config.__post_init__()  # the command line's values are checked like the file's
     return config
@@ -401,6 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--admin-key-env", default=None, help="an environment variable holding the admin key (cancels any request)"
     )
+    p.add_argument("--workers", type=int, default=None, help="processes sharing the port (HTTP lanes only)")
     p.add_argument("--max-body-mb", type=float, default=None, help="largest request body in MiB (default 32): 413")
     p.add_argument("--log-level", default="info")
     p.set_defaults(fn=cmd_serve)

@@ -16,6 +16,7 @@ import hmac
 import json
 import logging
 import re
+import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -31,10 +32,10 @@ from starlette.types import Message, Receive, Scope, Send
 
 from ..errors import GenerationCancelledError
 from ..llm import LLM
-from ..registry import create_llm
+from ..registry import create_llm, runs_in_process
 from ..stopping.abort import AbortController
 from ..types import GenerateResult
-from .config import BackendConfig, GatewayConfig
+from .config import BackendConfig, ConfigError, GatewayConfig
 from .metrics import Metrics
 from .openai_wire import (
     BadRequest,
@@ -48,7 +49,9 @@ from .openai_wire import (
     usage_frame,
 )
 from .openapi import openapi_document
+from .protocol import protocol_class
 from .sse_writer import FrameWriter
+from .workers import Peers, run_workers
 
 __all__ = [
     "Backend",
@@ -66,6 +69,7 @@ __all__ = [
     "send_json",
     "serve",
     "stream_generation",
+    "uvicorn_config",
     "watch_disconnect",
     "whole_answer",
     "whole_generation",
@@ -123,6 +127,7 @@ class Gateway:
         self.metrics = Metrics()
         self.flights: dict[str, Flight] = {}
         self.loop: asyncio.AbstractEventLoop | None = None  # set at start-up (uvicorn's loop)
+        self.peers: Peers | None = None  # the sibling workers, when there are several
 
     def backend_for(self, model: Any, *, exact: bool = False) -> Backend | None:
         """The backend serving ``model``. A generation on a one-backend gateway reaches it by
@@ -208,7 +213,9 @@ class GenerationResponse:
             await send_json(send, 409, openai_error(message, "invalid_request_error", "duplicate_request_id"))
             return
         flight = Flight(self.request_id, backend, write_timeout=gateway.config.write_timeout)
-        flight.owner = scope.get("state", {}).get("owner")
+        state = scope.setdefault("state", {})
+        flight.owner = state.get("owner")
+        state["flight"] = flight  # the protocol's connection_lost stops it directly
         gateway.flights[self.request_id] = flight
         gateway.metrics.started(backend.name)
         status = 500
@@ -502,8 +509,9 @@ def embeddings_endpoint(gateway: Gateway) -> Callable[[Request], Awaitable[Any]]
     return handle
 
 
-def create_app(config: GatewayConfig) -> Starlette:
+def create_app(config: GatewayConfig, *, peers: Peers | None = None) -> Starlette:
     gateway = Gateway(config)
+    gateway.peers = peers
 
     async def models(request: Request) -> Response:
         data = [{"id": b.name, "object": "model", "owned_by": b.cfg.provider} for b in gateway.backends.values()]
@@ -524,7 +532,14 @@ def create_app(config: GatewayConfig) -> Starlette:
         flight = gateway.flights.get(request.path_params["request_id"])
         state = request.scope["state"]
         # another key's request is "not found": its id is not even confirmed to exist
-        if flight is None or not (state.get("admin") or flight.owner == state.get("owner")):
+        request_id = request.path_params["request_id"]
+        allowed = flight is not None and (state.get("admin") or flight.owner == state.get("owner"))
+        if flight is None and gateway.peers is not None and _REQUEST_ID.match(request_id):
+            # another worker may hold it: it checks the key the same way
+            owner, admin = state.get("owner") or "-", "1" if state.get("admin") else "0"
+            if await gateway.peers.ask("cancel", request_id, owner, admin):
+                return JSONResponse({"id": request_id, "cancelled": True})
+        if flight is None or not allowed:
             return JSONResponse(openai_error("no such request in flight", "invalid_request_error", "not_found"), 404)
         flight.stop("cancel_endpoint")
         return JSONResponse({"id": flight.request_id, "cancelled": True})
@@ -548,6 +563,8 @@ def create_app(config: GatewayConfig) -> Starlette:
                 await backend.llm.aload_model()
                 return JSONResponse({"model": backend.name, "loaded": True})
             report = await backend.llm.aunload_model()
+            if gateway.peers is not None:  # the other workers' calls on this model stop too
+                await gateway.peers.ask("stop-backend", backend.name)
         except Exception as err:
             return _error(err)
         return JSONResponse(
@@ -566,7 +583,11 @@ def create_app(config: GatewayConfig) -> Starlette:
     async def lifespan(app: Starlette) -> Any:
         log.info("serving %s", ", ".join(f"{b.name} ({b.cfg.provider})" for b in gateway.backends.values()))
         gateway.loop = asyncio.get_running_loop()
+        if peers is not None:
+            await peers.start(gateway)
         yield
+        if peers is not None:
+            await peers.aclose()
         await gateway.aclose()
 
     routes = [
@@ -593,7 +614,7 @@ def create_app(config: GatewayConfig) -> Starlette:
     app.state.gateway = gateway
     keys = [*([config.api_key] if config.api_key else []), *config.api_keys]
     return RequestIdAndAuth(  # type: ignore[return-value]
-        app, keys, admin_key=config.admin_key, max_body_bytes=config.max_body_bytes
+        app, keys, admin_key=config.admin_key, max_body_bytes=config.max_body_bytes, body_timeout=config.body_timeout
     )
 
 
@@ -611,8 +632,10 @@ class RequestIdAndAuth:
         *,
         admin_key: str | None = None,
         max_body_bytes: int = 32 * 2**20,
+        body_timeout: float = 30.0,
     ) -> None:
         self.app = app
+        self.body_timeout = body_timeout
         self.state = app.state
         self._admin = admin_key.encode() if admin_key else None
         self._keys = [k.encode() for k in api_keys] + ([self._admin] if self._admin else [])
@@ -663,16 +686,21 @@ class RequestIdAndAuth:
             await _too_large(send_with_id, limit)
             return
         body = bytearray()
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":  # the client left during its upload
-                return
-            body += message.get("body", b"")
-            if len(body) > limit:
-                await _too_large(send_with_id, limit)
-                return
-            if not message.get("more_body", False):
-                break
+        with anyio.move_on_after(self.body_timeout) as reading:  # a slow upload holds nothing forever
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":  # the client left during its upload
+                    return
+                body += message.get("body", b"")
+                if len(body) > limit:
+                    await _too_large(send_with_id, limit)
+                    return
+                if not message.get("more_body", False):
+                    break
+        if reading.cancelled_caught:
+            slow = f"the request body did not arrive within {self.body_timeout}s (body_timeout)"
+            await send_json(send_with_id, 408, openai_error(slow, "invalid_request_error", "request_timeout"))
+            return
         replayed = False
 
         async def replay() -> Message:
@@ -693,12 +721,34 @@ async def _too_large(send: Send, limit: int) -> None:
 def serve(config: GatewayConfig) -> None:
     """Run the gateway until SIGINT/SIGTERM. The signal stops every request in flight at once
     (reason ``shutdown``: streams end with an error frame, upstreams are severed), so the
-    graceful wait that follows is short; it is bounded at 3 s all the same."""
-    import uvicorn
-
+    graceful wait that follows is short; it is bounded at 3 s all the same. With
+    ``workers > 1`` (HTTP lanes only), that many processes share the port (:mod:`.workers`)."""
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream request is noise
-    app = create_app(config)
+    if config.workers == 1:
+        _serve_one(config, None, None)
+        return
+    in_process = [b.name for b in config.backends if runs_in_process(b.provider)]
+    if in_process:
+        raise ConfigError(f"workers > 1 serves HTTP lanes only; in-process backend(s): {in_process}")
+    # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say TCP (with
+    # Nagle on, every small answer waits ~40 ms for a delayed ACK)
+    bound = socket.socket(_family(config.host), socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    bound.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    bound.bind((config.host, config.port))
+    bound.listen(2048)
+    log.info("serving on %s:%d with %d workers", config.host, bound.getsockname()[1], config.workers)
+    run_workers(config.workers, bound, lambda peers: _serve_one(config, peers, bound))
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def _serve_one(config: GatewayConfig, peers: Peers | None, bound: Any) -> None:
+    import uvicorn
+
+    app = create_app(config, peers=peers)
     gateway: Gateway = app.state.gateway
 
     class StoppingServer(uvicorn.Server):
@@ -706,7 +756,19 @@ def serve(config: GatewayConfig) -> None:
             gateway.stop_all_soon()
             super().handle_exit(sig, frame)
 
-    server_config = uvicorn.Config(
-        app, host=config.host, port=config.port, log_level=config.log_level, timeout_graceful_shutdown=3
+    StoppingServer(uvicorn_config(app, config)).run(sockets=[bound] if bound is not None else None)
+
+
+def uvicorn_config(app: Any, config: GatewayConfig) -> Any:
+    """uvicorn's settings for the gateway: its own h11 protocol (the disconnect stops the flight
+    in ``connection_lost``; a header timeout), a 3 s graceful shutdown."""
+    import uvicorn
+
+    return uvicorn.Config(
+        app,
+        host=config.host,
+        port=config.port,
+        log_level=config.log_level,
+        timeout_graceful_shutdown=3,
+        http=protocol_class(config.header_timeout),
     )
-    StoppingServer(server_config).run()

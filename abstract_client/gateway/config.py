@@ -67,6 +67,9 @@ class GatewayConfig:
     log_level: str = "info"
     max_body_bytes: int = 32 * 2**20  # a larger request body is a 413, refused before it is read
     write_timeout: float = 30.0  # a client that reads nothing for this long is stopped (stalled)
+    header_timeout: float = 10.0  # a request head not complete within this gets a 408 (slowloris)
+    body_timeout: float = 30.0  # a request body not complete within this gets a 408
+    workers: int = 1  # processes sharing the port (HTTP lanes only; see gateway/workers.py)
 
     def __post_init__(self) -> None:
         if not self.backends:
@@ -84,6 +87,13 @@ class GatewayConfig:
         _check(self.write_timeout, (int, float), "write_timeout")
         if not self.write_timeout > 0:
             raise ConfigError("write_timeout must be > 0 seconds")
+        for field_name in ("header_timeout", "body_timeout"):
+            _check(getattr(self, field_name), (int, float), field_name)
+            if not getattr(self, field_name) > 0:
+                raise ConfigError(f"{field_name} must be > 0 seconds")
+        _check(self.workers, int, "workers")
+        if not 1 <= self.workers <= 64:
+            raise ConfigError(f"workers must be between 1 and 64, not {self.workers}")
         _check(self.api_keys, list, "api_keys")
         for name, key in [("api_key", self.api_key), ("admin_key", self.admin_key)] + [
             ("api_keys", k) for k in self.api_keys
@@ -115,6 +125,9 @@ _SERVER_KEYS = {
     "log_level",
     "max_body_bytes",
     "write_timeout",
+    "workers",
+    "header_timeout",
+    "body_timeout",
 }
 _BACKEND_KEYS = set(BackendConfig.__dataclass_fields__)
 

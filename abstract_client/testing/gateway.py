@@ -70,12 +70,13 @@ class InProcessGateway:
     def __init__(self, config: Any) -> None:
         import uvicorn
 
-        from ..gateway.app import create_app
+        from ..gateway.app import create_app, uvicorn_config
 
         config.port = config.port if config.port not in (None, 8000) else free_port()
+        config.host, config.log_level = "127.0.0.1", "warning"
         self.port = config.port
         self.app: Any = create_app(config)
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.server = uvicorn.Server(uvicorn_config(self.app, config))
         self.thread = threading.Thread(target=self.server.run, name="gateway", daemon=True)
 
     @property

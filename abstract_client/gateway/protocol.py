@@ -1,0 +1,70 @@
+"""The gateway's HTTP/1.1 protocol: uvicorn's h11 protocol, with two things ASGI cannot give.
+
+1. **The disconnect acts where it is seen.** Through ASGI, a client's disconnect travels
+   ``connection_lost`` → an event → the watcher task's wake-up: three turns of the event loop,
+   and under load every turn carries every stream's queued chunk work (this was the 1-2 s stop
+   at 300 streams). Here ``connection_lost`` stops the request's flight itself: the upstream
+   socket is shut down in that same callback.
+2. **Slowloris.** uvicorn has no header timeout: a connection that sends its headers one byte a
+   second is held forever. A connection whose request head is not complete within
+   ``header_timeout`` seconds (from its first byte, or from the connection) gets a 408 and is
+   closed. (The body is bounded by the app: ``body_timeout``, see ``RequestIdAndAuth``.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+__all__ = ["GatewayProtocol", "protocol_class"]
+
+_TIMEOUT_408 = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+
+
+class GatewayProtocol(H11Protocol):
+    header_timeout: float = 10.0
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._head_cycle: Any = None  # the cycle whose head the timer waited for
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._arm_head_timer()
+
+    def _arm_head_timer(self) -> None:
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_later(self.header_timeout, self._head_too_slow)
+
+    def _head_too_slow(self) -> None:
+        self._head_timer = None
+        if not self.transport.is_closing():
+            self.transport.write(_TIMEOUT_408)
+            self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        idle = self.cycle is None or self.cycle.response_complete
+        if idle:  # the bytes of a new request head: it has header_timeout to arrive
+            self._arm_head_timer()
+        super().data_received(data)
+        if self.cycle is not None and self.cycle is not self._head_cycle:  # a head arrived
+            self._head_cycle = self.cycle
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        cycle = self.cycle
+        super().connection_lost(exc)
+        if cycle is not None and not cycle.response_complete:
+            flight = (cycle.scope.get("state") or {}).get("flight")
+            if flight is not None:
+                flight.stop("client_disconnect")  # severs the upstream now, in this callback
+
+
+def protocol_class(header_timeout: float) -> type[GatewayProtocol]:
+    """The protocol with this gateway's header timeout (uvicorn takes a class)."""
+    return type("GatewayProtocol", (GatewayProtocol,), {"header_timeout": header_timeout})

@@ -1,0 +1,144 @@
+"""Several gateway processes on one port, and a cancel that reaches the one holding the request.
+
+One Python process relays what one core can (see ``docs/gateway.md``); ``workers = N`` forks N
+processes after the listening socket is bound, and the kernel spreads connections over them. A
+client's disconnect is seen by the worker that serves it, so the stop chain stays in one
+process. Only ``POST /v1/requests/{id}/cancel`` (and a model unload) can land on another worker
+than the request: each worker listens on a Unix socket in a private run directory, and a worker
+that does not hold the request asks its peers (every peer at once; the holder checks the
+caller's key exactly as it would locally).
+
+In-process lanes (MLX) stay in one process: N workers would load N copies of the model, and an
+eject would free only one of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .app import Gateway
+
+__all__ = ["Peers", "run_workers"]
+
+log = logging.getLogger("abstract_client.gateway")
+_ASK_TIMEOUT = 2.0  # a peer that does not answer within this is treated as not holding it
+
+
+class Peers:
+    """This worker's line to its siblings: a Unix socket server answering ``cancel`` and
+    ``stop-backend``, and the client side that asks every sibling."""
+
+    def __init__(self, run_dir: Path, index: int, count: int) -> None:
+        self.run_dir, self.index, self.count = run_dir, index, count
+        self._server: asyncio.AbstractServer | None = None
+
+    def path(self, index: int) -> str:
+        return str(self.run_dir / f"worker-{index}.sock")
+
+    async def start(self, gateway: Gateway) -> None:
+        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                line = (await reader.readline()).decode().split()
+                writer.write(b"1\n" if _handle(gateway, line) else b"0\n")
+                await writer.drain()
+            except (OSError, UnicodeDecodeError):
+                pass
+            finally:
+                writer.close()
+
+        self._server = await asyncio.start_unix_server(answer, path=self.path(self.index))
+
+    async def aclose(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(OSError):
+                os.unlink(self.path(self.index))
+
+    async def ask(self, *words: str) -> bool:
+        """Send one line to every other worker; True if any of them acted on it."""
+        line = (" ".join(words) + "\n").encode()
+
+        async def one(index: int) -> bool:
+            try:
+                async with asyncio.timeout(_ASK_TIMEOUT):
+                    reader, writer = await asyncio.open_unix_connection(self.path(index))
+                    writer.write(line)
+                    await writer.drain()
+                    got = await reader.readline()
+                    writer.close()
+                    return got.strip() == b"1"
+            except (OSError, TimeoutError):
+                return False
+
+        answers = await asyncio.gather(*(one(i) for i in range(self.count) if i != self.index))
+        return any(answers)
+
+
+def _handle(gateway: Gateway, words: list[str]) -> bool:
+    if len(words) == 4 and words[0] == "cancel":
+        _, request_id, owner, admin = words
+        flight = gateway.flights.get(request_id)
+        if flight is None or not (admin == "1" or flight.owner == (None if owner == "-" else owner)):
+            return False
+        flight.stop("cancel_endpoint")
+        return True
+    if len(words) == 2 and words[0] == "stop-backend":
+        stopped = [f for f in gateway.flights.values() if f.backend.name == words[1]]
+        for flight in stopped:
+            flight.stop("model_eject")
+        return bool(stopped)
+    return False
+
+
+def run_workers(count: int, bound: socket.socket, run_one: Callable[[Peers], None]) -> None:
+    """Fork ``count`` workers sharing ``bound`` (listening); each runs ``run_one(peers)``. The
+    parent forwards SIGINT/SIGTERM to them and returns once all have exited."""
+    run_dir = Path(tempfile.mkdtemp(prefix="abstract-client-gateway-"))
+    children: list[int] = []
+    try:
+        for index in range(count):
+            pid = os.fork()
+            if pid == 0:  # the worker
+                code = 0
+                try:
+                    run_one(Peers(run_dir, index, count))
+                except BaseException:
+                    log.exception("worker %d failed", index)
+                    code = 1
+                finally:
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                    os._exit(code)
+            children.append(pid)
+        bound.close()  # the workers hold it now
+
+        def forward(sig: int, frame: object) -> None:
+            for pid in children:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+
+        signal.signal(signal.SIGTERM, forward)
+        signal.signal(signal.SIGINT, forward)
+        for pid in children:
+            while True:
+                try:
+                    os.waitpid(pid, 0)
+                    break
+                except ChildProcessError:
+                    break
+                except InterruptedError:
+                    continue
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
