@@ -1,0 +1,273 @@
+"""The gateway's mechanisms under load (#26): coalesced writes, the disconnect acting in the
+protocol's ``connection_lost``, header/body timeouts, several workers with cancel routing.
+The figures themselves are ``benchmarks/bench_gateway_load.py``'s; these pin the mechanisms."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from abstract_client.gateway import BackendConfig, GatewayConfig
+from abstract_client.gateway import app as gateway_app
+from abstract_client.gateway.openai_wire import FrameEncoder, chunk_frames
+from abstract_client.gateway.workers import Peers
+from abstract_client.testing import FakeOpenAIServer
+from abstract_client.testing.gateway import GatewayProcess, InProcessGateway
+from abstract_client.types import StreamChunk, ToolCallDelta
+
+HELLO = [{"role": "user", "content": "hi"}]
+
+
+class _Chunks:
+    """A stream whose chunks are all there at once (the way a loaded upstream's are)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.i = n, 0
+
+    async def __aenter__(self) -> _Chunks:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+    def __aiter__(self) -> _Chunks:
+        return self
+
+    async def __anext__(self) -> StreamChunk:
+        if self.i >= self.n:
+            raise StopAsyncIteration
+        self.i += 1
+        return StreamChunk(delta=f"t{self.i} ")
+
+    def result(self) -> Any:
+        return SimpleNamespace(usage=None)
+
+
+def test_frames_written_without_a_yield_go_out_in_one_send() -> None:
+    """100 chunks that arrive without the loop turning: one body message carries them all
+    (plus the end), not 100 sends."""
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    llm = SimpleNamespace(astream=lambda **kw: _Chunks(100))
+    backend = SimpleNamespace(llm=llm, name="m")
+    flight = gateway_app.Flight("r1", backend)  # type: ignore[arg-type]
+
+    async def main() -> int:
+        return await gateway_app.stream_generation(
+            None,  # type: ignore[arg-type]
+            flight,
+            send,
+            {},
+            "m",
+            chat=True,
+            include_usage=False,
+        )
+
+    assert anyio.run(main) == 200
+    bodies = [m for m in sent if m["type"] == "http.response.body"]
+    assert sent[0]["type"] == "http.response.start" and len(bodies) <= 2, len(bodies)
+    data = b"".join(m["body"] for m in bodies)
+    frames = [json.loads(line[6:]) for line in data.split(b"\n\n") if line.startswith(b"data: {")]
+    assert [f["choices"][0]["delta"]["content"] for f in frames] == [f"t{i} " for i in range(1, 101)]
+    assert data.endswith(b"data: [DONE]\n\n") and bodies[-1]["more_body"] is False
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_the_fast_frame_encoder_says_what_chunk_frames_says(chat: bool) -> None:
+    encoder = FrameEncoder('r"1', "mödel", 7, chat=chat)
+    chunks = [
+        StreamChunk(delta='a "quoted"\nline é 😀'),
+        StreamChunk(delta="x", finish_reason="stop"),
+        StreamChunk(reasoning="think"),
+        StreamChunk(tool_call=ToolCallDelta(index=0, id="c1", name="f", arguments_fragment="{")),
+        StreamChunk(),
+    ]
+    for chunk in chunks:
+        encoded = encoder.encode(chunk)
+        expected = chunk_frames(chunk, 'r"1', "mödel", 7, chat=chat)
+        got = [json.loads(part[6:]) for part in encoded.split(b"\n\n") if part]
+        assert got == expected, chunk
+
+
+def test_the_disconnect_stops_the_flight_in_connection_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the ASGI disconnect watcher disabled, a client that closes its socket still stops
+    the upstream: the protocol's ``connection_lost`` stops the flight itself."""
+
+    async def never(receive: Any, flight: Any) -> None:
+        await anyio.sleep_forever()
+
+    monkeypatch.setattr(gateway_app, "watch_disconnect", never)
+    with FakeOpenAIServer(token_delay=0.01) as up:
+        backend = BackendConfig(name="m", provider="openai-compatible", model="fake-model", base_url=up.base_url)
+        with InProcessGateway(GatewayConfig(backends=[backend])) as gw:
+            body = json.dumps({"model": "m", "messages": HELLO, "max_tokens": 100_000, "stream": True})
+            with socket.create_connection(("127.0.0.1", gw.port)) as sock:
+                sock.sendall(
+                    f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {len(body)}\r\n\r\n{body}".encode()
+                )
+                got = b""
+                while got.count(b"data: ") < 3:
+                    got += sock.recv(65536)
+            record = up.wait_for_request(timeout=10)
+            up.wait_for_disconnect(record, timeout=15)
+            assert record.tokens_sent < 100_000
+            deadline = time.monotonic() + 15
+            while gw.gateway.metrics.stops.get(("m", "client_disconnect"), 0) < 1:
+                assert time.monotonic() < deadline, dict(gw.gateway.metrics.stops)
+                time.sleep(0.02)
+
+
+def _read_until_closed(sock: socket.socket, limit: float) -> tuple[bytes, float]:
+    sock.settimeout(limit)
+    t0, got = time.monotonic(), b""
+    while True:
+        data = sock.recv(65536)
+        if not data:
+            return got, time.monotonic() - t0
+        got += data
+
+
+def test_a_slow_request_head_or_body_is_a_408_and_the_connection_closes() -> None:
+    with FakeOpenAIServer(token_delay=0.01) as up:
+        backend = BackendConfig(name="m", provider="openai-compatible", model="fake-model", base_url=up.base_url)
+        config = GatewayConfig(backends=[backend], header_timeout=1.0, body_timeout=1.0)
+        with InProcessGateway(config) as gw:
+            # slowloris: a head one byte at a time, never finished
+            with socket.create_connection(("127.0.0.1", gw.port)) as sock:
+                sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHo")
+                stop = threading.Event()
+
+                def drip() -> None:
+                    while not stop.wait(0.2):
+                        try:
+                            sock.sendall(b"x")
+                        except OSError:
+                            return
+
+                dripper = threading.Thread(target=drip, daemon=True)
+                dripper.start()
+                got, took = _read_until_closed(sock, 12)
+                stop.set()
+                assert got.startswith(b"HTTP/1.1 408") and took < 12, (got, took)
+            # a connection that says nothing
+            with socket.create_connection(("127.0.0.1", gw.port)) as sock:
+                got, took = _read_until_closed(sock, 12)
+                assert got.startswith(b"HTTP/1.1 408"), got
+            # a body that never finishes
+            with socket.create_connection(("127.0.0.1", gw.port)) as sock:
+                sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+                got, took = _read_until_closed(sock, 12)
+                assert got.startswith(b"HTTP/1.1 408") and b"request_timeout" in got, got
+            assert up.requests("/v1/chat/completions") == []  # nothing went upstream
+            # a stream longer than both timeouts is not cut, and keep-alive still serves
+            with httpx.Client(base_url=gw.url, timeout=60) as http:
+                body = {"model": "m", "messages": HELLO, "max_tokens": 200, "stream": True}
+                for _ in range(2):
+                    with http.stream("POST", "/v1/chat/completions", json=body) as r:
+                        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+                    assert lines[-1] == "data: [DONE]" and len(lines) >= 201
+
+
+def test_a_peer_worker_cancels_the_request_it_holds_and_checks_the_key(tmp_path: Path) -> None:
+    stopped: list[tuple[str, str]] = []
+
+    def flight(rid: str, owner: str | None, backend: str) -> Any:
+        return SimpleNamespace(
+            owner=owner, backend=SimpleNamespace(name=backend), stop=lambda reason: stopped.append((rid, reason))
+        )
+
+    holder = SimpleNamespace(flights={"r1": flight("r1", "alice", "m"), "r2": flight("r2", None, "m")})
+    other = SimpleNamespace(flights={})
+
+    async def main() -> list[bool]:
+        a, b = Peers(tmp_path, 0, 2), Peers(tmp_path, 1, 2)
+        await a.start(other)  # type: ignore[arg-type]
+        await b.start(holder)  # type: ignore[arg-type]
+        try:
+            return [
+                await a.ask("cancel", "r1", "bob", "0"),  # not bob's: refused
+                await a.ask("cancel", "nope", "-", "1"),  # held by nobody
+                await a.ask("cancel", "r1", "alice", "0"),  # hers
+                await a.ask("cancel", "r2", "-", "0"),  # no keys: anyone
+                await a.ask("cancel", "r1", "bob", "1"),  # the admin key
+                await a.ask("stop-backend", "m"),
+                await b.ask("cancel", "r1", "alice", "0"),  # the asking worker is not asked
+            ]
+        finally:
+            await a.aclose()
+            await b.aclose()
+
+    assert anyio.run(main) == [False, False, True, True, True, True, False]
+    assert stopped[:3] == [("r1", "cancel_endpoint"), ("r2", "cancel_endpoint"), ("r1", "cancel_endpoint")]
+    assert sorted(stopped[3:]) == [("r1", "model_eject"), ("r2", "model_eject")]
+
+
+def test_two_workers_serve_one_port_and_every_cancel_reaches_its_request(tmp_path: Path) -> None:
+    with FakeOpenAIServer(token_delay=0.01) as up:
+        gw = GatewayProcess.launch(
+            [
+                "-p",
+                "openai-compatible",
+                "-u",
+                up.base_url,
+                "-m",
+                "fake-model",
+                "--workers",
+                "2",
+                "--max-concurrent",
+                "16",
+            ],
+            log_path=tmp_path / "gw.log",
+        )
+        try:
+            results: dict[str, str] = {}
+
+            def stream(rid: str) -> None:
+                body = {"model": "fake-model", "messages": HELLO, "max_tokens": 100_000, "stream": True}
+                with httpx.stream(
+                    "POST", gw.url + "/v1/chat/completions", json=body, headers={"X-Request-Id": rid}, timeout=60
+                ) as r:
+                    results[rid] = r.read().decode()  # an error frame, or a 499 body before any chunk
+
+            rids = [f"w-{i}" for i in range(8)]
+            threads = [threading.Thread(target=stream, args=(rid,)) for rid in rids]
+            for t in threads:
+                t.start()
+            up.wait_for_request(len(rids), timeout=20)
+            for rid in rids:  # each on a new connection: whichever worker accepts it
+                answer = httpx.post(gw.url + f"/v1/requests/{rid}/cancel", timeout=30)
+                assert answer.status_code == 200, (rid, answer.text)
+            for t in threads:
+                t.join(30)
+            assert set(results) == set(rids)
+            assert all("cancelled" in text and "[DONE]" not in text for text in results.values()), results
+            for record in up.requests("/v1/chat/completions"):
+                up.wait_for_disconnect(record, timeout=15)
+            assert httpx.post(gw.url + "/v1/requests/none/cancel", timeout=30).status_code == 404
+        finally:
+            gw.stop()
+
+
+def test_workers_refuse_an_in_process_lane() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "abstract_client", "serve", "-p", "mlx", "-m", "/nonexistent", "--workers", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2 and "in-process" in out.stderr and "Traceback" not in out.stderr, out.stderr
