@@ -13,7 +13,7 @@ from typing import Any
 from abstract_client.errors import ProviderProtocolError
 from abstract_client.http.sse import SSEDecoder
 from abstract_client.http.transport import HttpClients
-from abstract_client.http.wire import expect_stream, json_body, load_frame, poll_until_ready
+from abstract_client.http.wire import drain, expect_stream, json_body, load_frame, poll_until_ready
 from abstract_client.provider import CallContext, Completion, EmbeddingBatch, ModelInfo, Provider
 from abstract_client.types import (
     GenerationRequest,
@@ -217,9 +217,11 @@ async def openai_sse_chunks(
     decoder = SSEDecoder()
     # the decoder is driven here, not through ``sse_events``: one async-generator hop less per
     # chunk (the gateway pays this path for every upstream chunk)
-    async for part in resp.aiter_bytes():
+    parts = resp.aiter_bytes()
+    async for part in parts:
         for event in decoder.feed(part):
             if event.data.strip() == "[DONE]":
+                await drain(parts)
                 return
             frame = load_frame(event.data)
             for chunk in chat_chunks(frame) if mapping is None else [mapping(frame)]:

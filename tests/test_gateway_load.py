@@ -271,3 +271,26 @@ def test_workers_refuse_an_in_process_lane() -> None:
         timeout=120,
     )
     assert out.returncode == 2 and "in-process" in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_finished_answer_leaves_its_connection_for_the_next_call(stream: bool) -> None:
+    """The bytes after ``[DONE]`` (the chunked body's end) are read, so the connection is
+    clean and reused: ten calls, one TCP connection, not ten (a connect each, a TIME_WAIT each)."""
+    from abstract_client import create_llm
+
+    with FakeOpenAIServer(token_delay=0.0) as up:
+        llm = create_llm("openai-compatible", "fake-model", base_url=up.base_url)
+
+        async def main() -> None:
+            for _ in range(10):
+                if stream:
+                    async with llm.astream("hi", max_tokens=3) as s:
+                        async for _chunk in s:
+                            pass
+                else:
+                    await llm.agenerate("hi", max_tokens=3)
+            await llm.aclose()
+
+        anyio.run(main)
+        assert up.connections <= 2, up.connections
