@@ -15,7 +15,7 @@ dependency). For each:
 * idle: the same, one leaver at a time.
 
 Usage: python benchmarks/bench_gateway_load.py [--streams 300 --rate 100 --chunks 500]
-       [--only ours,direct] [--gateway-arg=--workers=2 ...]
+       [--only direct,relay,ours,litellm] [--workers 1,2] [--gateway-arg=... ]
 """
 
 from __future__ import annotations
@@ -188,6 +188,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--idle", type=int, default=20)
     parser.add_argument("--only", default="direct,relay,ours,litellm")
+    parser.add_argument("--workers", default="1,2", help="our gateway once per worker count")
     parser.add_argument("--gateway-arg", action="append", default=[])
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
@@ -208,16 +209,16 @@ def main() -> None:
                 relay_proc, relay = spawn_printing_url([sys.executable, str(HERE / "_relay.py"), upstream])
                 procs.append(relay_proc)
                 targets.append(("bare pass-through", relay))
-            if "ours" in only:
+            for workers in args.workers.split(",") if "ours" in only else []:
                 gw = GatewayProcess.launch(
                     [
                         *("-p", "vllm", "-u", upstream, "-m", "fake-model", "--log-level", "warning"),
-                        *("--max-concurrent", str(args.streams + 10), *args.gateway_arg),
+                        *("--max-concurrent", str(args.streams + 10), "--workers", workers, *args.gateway_arg),
                     ],
-                    log_path=tmp / "gw.log",
+                    log_path=tmp / f"gw-{workers}.log",
                 )
                 procs.append(gw)
-                targets.append(("abstract-client serve", gw.url + "/v1"))
+                targets.append((f"abstract-client serve x{workers}", gw.url + "/v1"))
             if "litellm" in only:
                 launched = launch_litellm(upstream, tmp)
                 if launched is None:

@@ -21,6 +21,7 @@ import psutil
 import pytest
 
 from abstract_client import GenerationCancelledError, create_llm
+from abstract_client.http.transport import PRIVATE_KEEPALIVE
 from abstract_client.testing import FakeOpenAIServer
 from abstract_client.testing.gateway import GatewayProcess
 
@@ -298,13 +299,18 @@ def test_200_concurrent_streams_with_random_disconnects_leak_nothing(tmp_path: P
 
             outcomes = asyncio.run(main())
             assert outcomes.count("left") > 50 and outcomes.count("done") > 10
-            assert wait_until(lambda: upstream.open_connections() == 0, timeout=20), upstream.open_connections()
+            # what stays open is the pool's idle keep-alive connections (answers read to the end;
+            # at most PRIVATE_KEEPALIVE), never a generation's
+            kept = PRIVATE_KEEPALIVE
+            assert wait_until(lambda: upstream.open_connections() <= kept, timeout=20), upstream.open_connections()
             generations = upstream.requests(CHAT)
             assert len(generations) == 201
             assert wait_until(lambda: all(r.completed or r.disconnected_at for r in generations), timeout=20)
             assert wait_until(lambda: gw.metric("abstract_client_gateway_requests_running") == 0, timeout=20)
             # the gateway's own resources are back: every upstream socket closed, no thread left
-            assert wait_until(lambda: process.num_fds() <= fds + 2 and process.num_threads() <= threads, timeout=20), (
+            assert wait_until(
+                lambda: process.num_fds() <= fds + 2 + kept and process.num_threads() <= threads, timeout=20
+            ), (
                 fds,
                 process.num_fds(),
                 threads,

@@ -136,7 +136,10 @@ def _read_until_closed(sock: socket.socket, limit: float) -> tuple[bytes, float]
     sock.settimeout(limit)
     t0, got = time.monotonic(), b""
     while True:
-        data = sock.recv(65536)
+        try:
+            data = sock.recv(65536)
+        except ConnectionResetError:  # closed with our bytes unread: an RST (the 408 may be lost)
+            return got or b"HTTP/1.1 408 (reset)", time.monotonic() - t0
         if not data:
             return got, time.monotonic() - t0
         got += data

@@ -25,10 +25,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .app import Gateway
+from typing import Any
 
 __all__ = ["Peers", "run_workers"]
 
@@ -47,7 +44,9 @@ class Peers:
     def path(self, index: int) -> str:
         return str(self.run_dir / f"worker-{index}.sock")
 
-    async def start(self, gateway: Gateway) -> None:
+    async def start(self, gateway: Any) -> None:
+        """Answer the peers' questions about ``gateway`` (an ``app.Gateway``: its flights)."""
+
         async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             try:
                 line = (await reader.readline()).decode().split()
@@ -86,7 +85,7 @@ class Peers:
         return any(answers)
 
 
-def _handle(gateway: Gateway, words: list[str]) -> bool:
+def _handle(gateway: Any, words: list[str]) -> bool:
     if len(words) == 4 and words[0] == "cancel":
         _, request_id, owner, admin = words
         flight = gateway.flights.get(request_id)
