@@ -18,33 +18,20 @@ import re
 import sys
 import time
 
+from _prerendered import sse_chunk
+
 _ASK = re.compile(rb"tag=(\S+) rate=(\d+) n=(\d+)")
 TICK = 0.01
 
 
-def _frame(i: int) -> bytes:
-    chunk = {
-        "id": "chatcmpl-load",
-        "object": "chat.completion.chunk",
-        "created": 1,
-        "model": "fake-model",
-        "choices": [{"index": 0, "delta": {"content": f"w{i % 10} "}, "finish_reason": None}],
-    }
-    data = b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+def _http_chunk(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)  # one HTTP chunk per SSE frame
 
 
-FRAMES = [_frame(i) for i in range(10)]
-_LAST = {
-    "id": "chatcmpl-load",
-    "object": "chat.completion.chunk",
-    "created": 1,
-    "model": "fake-model",
-    "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}],
-    "usage": {"prompt_tokens": 5, "completion_tokens": 0, "total_tokens": 5},
-}
-_END = b"data: " + json.dumps(_LAST, separators=(",", ":")).encode() + b"\n\ndata: [DONE]\n\n"
-END = b"%x\r\n%s\r\n0\r\n\r\n" % (len(_END), _END)
+FRAMES = [_http_chunk(sse_chunk(f"w{i} ")) for i in range(10)]
+_USAGE = {"prompt_tokens": 5, "completion_tokens": 0, "total_tokens": 5}
+_END = sse_chunk(None, finish_reason="length", usage=_USAGE) + b"data: [DONE]\n\n"
+END = _http_chunk(_END) + b"0\r\n\r\n"
 STREAM_HEAD = (
     b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
     b"transfer-encoding: chunked\r\n\r\n"

@@ -12,25 +12,24 @@ import sys
 import threading
 
 
-def render(n_chunks: int) -> bytes:
-    frames = []
-    for i in range(n_chunks):
-        chunk = {
-            "id": "chatcmpl-1",
-            "object": "chat.completion.chunk",
-            "created": 1,
-            "model": "fake-model",
-            "choices": [{"index": 0, "delta": {"content": f"tok{i} "}, "finish_reason": None}],
-        }
-        frames.append(b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n")
-    last = {
+def sse_chunk(content: str | None, *, finish_reason: str | None = None, **extra: object) -> bytes:
+    """One ``chat.completion.chunk`` SSE frame (``content`` None: an empty delta)."""
+    chunk = {
         "id": "chatcmpl-1",
         "object": "chat.completion.chunk",
         "created": 1,
         "model": "fake-model",
-        "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}],
+        "choices": [
+            {"index": 0, "delta": {} if content is None else {"content": content}, "finish_reason": finish_reason}
+        ],
+        **extra,
     }
-    frames.append(b"data: " + json.dumps(last, separators=(",", ":")).encode() + b"\n\ndata: [DONE]\n\n")
+    return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+
+
+def render(n_chunks: int) -> bytes:
+    frames = [sse_chunk(f"tok{i} ") for i in range(n_chunks)]
+    frames.append(sse_chunk(None, finish_reason="length") + b"data: [DONE]\n\n")
     body = b"".join(frames)
     head = (
         b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: "
