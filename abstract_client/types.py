@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Literal, TypedDict
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, Literal, TypedDict, TypeVar
 
 __all__ = [
     "ContentPart",
@@ -19,6 +19,31 @@ __all__ = [
     "ToolCallDelta",
     "Usage",
 ]
+
+
+_T = TypeVar("_T")
+
+
+def _quick_init(cls: type[_T]) -> type[_T]:
+    """Give a frozen, slotted dataclass an ``__init__`` that writes each slot through its
+    descriptor. The same object, still frozen; built in half the time (dataclasses' frozen
+    ``__init__`` goes through ``object.__setattr__`` per field), which counts for a type built
+    once per token on every stream."""
+    params, body, namespace = [], [], {}
+    for i, f in enumerate(fields(cls)):  # type: ignore[arg-type]
+        if f.default is MISSING or f.default_factory is not MISSING:
+            raise TypeError(f"{cls.__name__}.{f.name}: _quick_init needs a plain default")
+        namespace[f"_d{i}"] = f.default
+        namespace[f"_s{i}"] = getattr(cls, f.name).__set__
+        params.append(f"{f.name}=_d{i}")
+        body.append(f"    _s{i}(self, {f.name})")
+    source = f"def __init__(self, {', '.join(params)}):\n" + "\n".join(body) + "\n"
+    exec(source, namespace)  # generated from the class's own field names
+    init = namespace["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    init.__annotations__ = dict(cls.__init__.__annotations__)  # type: ignore[misc]
+    cls.__init__ = init  # type: ignore[method-assign]
+    return cls
 
 
 class ContentPart(TypedDict, total=False):
@@ -134,6 +159,7 @@ class EmbeddingResult:
     total_ms: float | None = None
 
 
+@_quick_init
 @dataclass(frozen=True, slots=True)
 class StreamChunk:
     """One piece of a streamed answer. ``usage``/``timings`` arrive on the last chunk when known.

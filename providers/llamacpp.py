@@ -73,7 +73,7 @@ class LlamaCppProvider(OpenAICompatibleProvider):
     def stream(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
         if request.raw:
             return self._stream_raw(request, ctx)
-        return self._stream(request, ctx)
+        return super().stream(request, ctx)
 
     async def _stream_raw(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
         async with ctx.stream("POST", "/completion", json=self.completion_body(request, stream=True)) as resp:

@@ -82,7 +82,7 @@ class LMStudioProvider(OpenAICompatibleProvider):
         return body
 
     def stream(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
-        return self._stream_native(request, ctx) if self.wants_native(request) else self._stream(request, ctx)
+        return self._stream_native(request, ctx) if self.wants_native(request) else super().stream(request, ctx)
 
     async def _stream_native(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
         async with ctx.stream("POST", "/api/v1/chat", json=self.native_body(request, stream=True)) as resp:

@@ -19,6 +19,10 @@ carries ``mx.get_active_memory()`` before and after. The next call reloads (with
 
 ``max_batch_size > 1``: concurrent calls share decode steps (``_mlx/batch.py``), each with its
 own stop; a stop removes only that sequence at the next batch step.
+
+Both engines start from the model's prompt cache (``_mlx/prompt_cache.py``) and leave their KV in
+it — completed or stopped: a stop keeps the prefill chunks done, or the prompt and the tokens
+handed out, so Regenerate after a Stop does not prefill again.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -101,15 +106,14 @@ class MLXProvider(Provider):
             prefill_step_size=prefill_step_size,
             default_max_tokens=default_max_tokens,
             max_kv_size=max_kv_size,
+            prompt_cache_bytes=prompt_cache_bytes,
             options=options,
         )
         self.thread = EngineThread(f"abstract-client-mlx:{path.name}", on_exit=_clear_streams)
         # max_batch_size=1: the serial engine (one stream_generate at a time); more: continuous
-        # batching with a bounded prompt cache (_mlx/batch.py)
+        # batching (_mlx/batch.py). Both share the model's prompt cache (_mlx/prompt_cache.py).
         self.batch = (
-            BatchEngine(self.handle, self.thread, max_batch_size=max_batch_size, prompt_cache_bytes=prompt_cache_bytes)
-            if max_batch_size > 1
-            else None
+            None if max_batch_size == 1 else BatchEngine(self.handle, self.thread, max_batch_size=max_batch_size)
         )
         self._stats: OrderedDict[str, RequestStats] = OrderedDict()
         self._stats_lock = threading.Lock()
@@ -138,16 +142,28 @@ class MLXProvider(Provider):
     ) -> None:
         import mlx.core as mx
         from mlx_lm import stream_generate
+        from mlx_lm.models.cache import make_prompt_cache
         from mlx_lm.sample_utils import make_logits_processors
 
-        gen = None
+        gen = kv = None
+        handle = self.handle
+        ids: list[int] = []
+        handed_out: list[int] = []  # token ids counted and passed on: what the KV may keep
         try:
             if token.is_set:
                 return
-            handle = self.handle
             model, tokenizer = handle.ensure_loaded()
             ids = handle.prompt_ids(request)
             extra = handle.extra(request)
+            # a repetition penalty looks back over the prompt's last tokens, which a cache hit
+            # would hide from it: such a request prefills all of its prompt (and still keeps it)
+            if extra.get("repetition_penalty") is None:
+                kv, rest = handle.prompt_cache.fetch(handle.key, ids)
+            else:
+                rest = ids
+            cached = len(ids) - len(rest)
+            if kv is None:
+                kv = make_prompt_cache(model, max_kv_size=handle.max_kv_size)
 
             def on_prefill(done: int, total: int) -> None:
                 stats.prefill_done, stats.prefill_total = done, total
@@ -163,7 +179,7 @@ class MLXProvider(Provider):
                 repetition_penalty=extra.get("repetition_penalty"),
             )
             if request.response_format is not None:
-                processors.append(handle.grammar(request, len(ids)))
+                processors.append(handle.grammar(request, len(rest)))  # the tokens it is shown
             shaper = OutputShaper(
                 tokenizer,
                 prompt_ids=ids,
@@ -173,31 +189,39 @@ class MLXProvider(Provider):
             gen = stream_generate(
                 model,
                 tokenizer,
-                ids,
+                rest,
                 max_tokens=request.max_tokens or handle.default_max_tokens,
                 sampler=handle.sampler(request),
                 logits_processors=processors,
                 prefill_step_size=extra.get("prefill_step_size", handle.prefill_step_size),
                 prompt_progress_callback=on_prefill,
-                max_kv_size=handle.max_kv_size,
+                prompt_cache=kv,
             )
+            # the prompt's size and what the cache served, on the first chunk: a stop's partial
+            # usage has them too
+            first_usage: Usage | None = Usage(prompt_tokens=len(ids), cached_tokens=cached)
             stops = StopSequences(request.stop)
             for resp in gen:
                 if token.is_set:  # before every sampled token is emitted
                     stats.stopped_in = "decode"
                     raise _Stop
                 stats.tokens += 1
+                handed_out.append(int(resp.token))
                 text = stops.feed(resp.text)  # the final EOS response carries no EOS text
                 final = resp.finish_reason is not None or stops.hit
                 if final:
                     text += stops.flush()
                 for piece in shaper.feed(text, final=final):
+                    if first_usage is not None:
+                        piece, first_usage = replace(piece, usage=first_usage), None
                     emit(piece)
                 if final:
                     emit(
                         StreamChunk(
                             finish_reason="stop" if stops.hit else resp.finish_reason,
-                            usage=Usage(prompt_tokens=resp.prompt_tokens, completion_tokens=resp.generation_tokens),
+                            usage=Usage(
+                                prompt_tokens=len(ids), completion_tokens=resp.generation_tokens, cached_tokens=cached
+                            ),
                             timings=Timings(prompt_tokens_per_s=resp.prompt_tps, tokens_per_s=resp.generation_tps),
                         )
                     )
@@ -206,11 +230,17 @@ class MLXProvider(Provider):
         except _Stop:
             stats.tokens_at_stop, stats.stopped_at = stats.tokens, time.perf_counter()
         except Exception as exc:  # a fresh record, never the exception: its traceback pins the model
+            kv = None  # whatever failed, its KV is not kept
             emit(Failure(type(exc).__name__, str(exc)))
         finally:
             if gen is not None:
                 gen.close()  # on this thread: mlx streams are thread-bound
             del gen
+            if kv is not None and ids:
+                # completed or stopped, what was computed stays: the prompt chunks done, the
+                # prompt and the tokens handed out (trimmed to them)
+                handle.prompt_cache.keep(handle.key, ids + handed_out, kv)
+            del kv
             mx.synchronize()
 
     def _embed_on_thread(
@@ -247,7 +277,7 @@ class MLXProvider(Provider):
 
         before = mx.get_active_memory()
         if self.batch is not None:
-            self.batch.clear()  # the generator and every prompt-cache entry go with the weights
+            self.batch.clear()  # the generator goes with the weights (the prompt cache: in drop)
         self.handle.drop()
         gc.collect()
         mx.synchronize()

@@ -131,7 +131,7 @@ class OllamaProvider(OpenAICompatibleProvider):
 
     def stream(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
         if self.use_openai_api and not request.raw:
-            return self._stream(request, ctx)
+            return super().stream(request, ctx)
         return self._stream_native(request, ctx)
 
     async def _stream_native(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:

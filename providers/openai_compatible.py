@@ -6,9 +6,12 @@ llama-server, vLLM and LM Studio reuse this wire mapping (subclasses add their f
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
 from typing import Any
+
+import httpx
 
 from abstract_client.errors import ProviderProtocolError
 from abstract_client.http.sse import SSEDecoder
@@ -38,9 +41,12 @@ def usage_from(obj: Any) -> Usage | None:
     if not isinstance(obj, dict):
         return None
     prompt, completion = obj.get("prompt_tokens"), obj.get("completion_tokens")
+    details = obj.get("prompt_tokens_details")  # OpenAI's (and vLLM's, our gateway's) cache hits
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
     return Usage(
         prompt_tokens=prompt if isinstance(prompt, int) else None,
         completion_tokens=completion if isinstance(completion, int) else None,
+        cached_tokens=cached if isinstance(cached, int) and not isinstance(cached, bool) else None,
     )
 
 
@@ -83,7 +89,7 @@ def _expect_dict(obj: Any, what: str) -> dict[str, Any]:
 
 def _first_choice(obj: dict[str, Any]) -> dict[str, Any] | None:
     choices = obj.get("choices")
-    if choices is None or choices == []:
+    if not choices and (choices is None or choices == []):
         return None
     if not isinstance(choices, list) or not isinstance(choices[0], dict):
         raise ProviderProtocolError(f"malformed choices: {str(choices)[:200]}")
@@ -144,18 +150,19 @@ def chat_chunks(obj: Any) -> list[StreamChunk]:
         if not isinstance(delta, dict):
             raise ProviderProtocolError(f"malformed delta: {str(delta)[:200]}")
         delta_text = _text_field(delta, "content")
-        if delta.keys() - _PLAIN_DELTA:  # the hot path is {"content": ...} (+ "role")
+        if not _PLAIN_DELTA.issuperset(delta):  # the hot path is {"content": ...} (+ "role")
             reasoning = reasoning_of(delta)
             pieces = tool_pieces(delta.get("tool_calls"))
         finish = choice.get("finish_reason")
+    usage, timings, model = obj.get("usage"), obj.get("timings"), obj.get("model")
     chunk = StreamChunk(
         delta=delta_text,
         reasoning=reasoning,
         tool_call=pieces[0] if pieces else None,
         finish_reason=finish if isinstance(finish, str) else None,
-        usage=usage_from(obj.get("usage")),
-        timings=timings_from(obj.get("timings")),
-        model=obj.get("model") if isinstance(obj.get("model"), str) else None,
+        usage=None if usage is None else usage_from(usage),  # most chunks carry neither
+        timings=None if timings is None else timings_from(timings),
+        model=model if isinstance(model, str) else None,
         raw=obj,
     )
     if len(pieces) <= 1:
@@ -208,25 +215,29 @@ def embeddings_from(obj: Any) -> EmbeddingBatch:
 
 
 async def openai_sse_chunks(
-    resp: Any, mapping: Callable[[Any], StreamChunk] | None = None
-) -> AsyncIterator[StreamChunk]:
+    opening: AbstractAsyncContextManager[httpx.Response], mapping: Callable[[Any], StreamChunk] | None = None
+) -> AsyncGenerator[StreamChunk, None]:
     """Chunks of an OpenAI-style SSE stream (chat chunks, or another ``mapping`` such as
     ``/v1/completions`` text chunks), ending at ``[DONE]``. A stream that ends without ``[DONE]``
-    is accepted only if a finish_reason was seen; else it was cut short."""
+    is accepted only if a finish_reason was seen; else it was cut short.
+
+    Takes the request's ``ctx.stream(...)`` unopened and is itself the provider's stream: the
+    decoder is driven here, not through ``sse_events`` or a wrapping generator, so a chunk passes
+    through one async generator (the gateway pays this path for every upstream chunk)."""
     finished = False
     decoder = SSEDecoder()
-    # the decoder is driven here, not through ``sse_events``: one async-generator hop less per
-    # chunk (the gateway pays this path for every upstream chunk)
-    parts = resp.aiter_bytes()
-    async for part in parts:
-        for event in decoder.feed(part):
-            if event.data.strip() == "[DONE]":
-                await drain(parts)
-                return
-            frame = load_frame(event.data)
-            for chunk in chat_chunks(frame) if mapping is None else [mapping(frame)]:
-                finished = finished or chunk.finish_reason is not None
-                yield chunk
+    async with opening as resp:
+        await expect_stream(resp)
+        parts = resp.aiter_bytes()
+        async for part in parts:
+            for event in decoder.feed(part):
+                if event.data.strip() == "[DONE]":
+                    await drain(parts)
+                    return
+                frame = load_frame(event.data)
+                for chunk in chat_chunks(frame) if mapping is None else [mapping(frame)]:
+                    finished = finished or chunk.finish_reason is not None
+                    yield chunk
     if decoder.has_partial:
         raise ProviderProtocolError("the stream ended in the middle of an SSE frame")
     if not finished:
@@ -319,14 +330,8 @@ class OpenAICompatibleProvider(Provider):
         return fields
 
     def stream(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
-        return self._stream(request, ctx)
-
-    async def _stream(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
         body = self.chat_body(request, stream=True)
-        async with ctx.stream("POST", self.chat_path, json=body, headers=self.call_headers(ctx)) as resp:
-            await expect_stream(resp)
-            async for chunk in openai_sse_chunks(resp):
-                yield chunk
+        return openai_sse_chunks(ctx.stream("POST", self.chat_path, json=body, headers=self.call_headers(ctx)))
 
     async def complete(self, request: GenerationRequest, ctx: CallContext) -> Completion:
         body = self.chat_body(request, stream=False)

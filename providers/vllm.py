@@ -20,7 +20,7 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from abstract_client.errors import NotSupportedError, ProviderProtocolError
-from abstract_client.http.wire import expect_stream, json_body, poll_until_ready
+from abstract_client.http.wire import json_body, poll_until_ready
 from abstract_client.provider import CallContext, Completion, UnloadReport
 from abstract_client.types import GenerationRequest, StreamChunk
 
@@ -70,16 +70,12 @@ class VLLMProvider(OpenAICompatibleProvider):
         return not request.raw
 
     def stream(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
-        return self._stream_completions(request, ctx) if request.raw else self._stream(request, ctx)
-
-    async def _stream_completions(
-        self, request: GenerationRequest, ctx: CallContext
-    ) -> AsyncGenerator[StreamChunk, None]:
+        if not request.raw:
+            return super().stream(request, ctx)
         body = self.completions_body(request, stream=True)
-        async with ctx.stream("POST", "/completions", json=body, headers=self.call_headers(ctx)) as resp:
-            await expect_stream(resp)
-            async for chunk in openai_sse_chunks(resp, _text_chunk):
-                yield chunk
+        return openai_sse_chunks(
+            ctx.stream("POST", "/completions", json=body, headers=self.call_headers(ctx)), _text_chunk
+        )
 
     async def complete(self, request: GenerationRequest, ctx: CallContext) -> Completion:
         if not request.raw:

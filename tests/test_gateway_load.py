@@ -20,6 +20,7 @@ import pytest
 
 from abstract_client.gateway import BackendConfig, GatewayConfig
 from abstract_client.gateway import app as gateway_app
+from abstract_client.gateway.metrics import Metrics
 from abstract_client.gateway.openai_wire import FrameEncoder, chunk_frames
 from abstract_client.gateway.workers import Peers
 from abstract_client.testing import FakeOpenAIServer
@@ -68,7 +69,7 @@ def test_frames_written_without_a_yield_go_out_in_one_send() -> None:
 
     async def main() -> int:
         return await gateway_app.stream_generation(
-            None,  # type: ignore[arg-type]
+            SimpleNamespace(metrics=Metrics()),  # type: ignore[arg-type]
             flight,
             send,
             {},

@@ -6,6 +6,7 @@ ends in llama-server's own ``cancel task`` log line, and in the MLX lane's own t
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -150,6 +151,17 @@ def test_disconnect_stops_in_process_mlx(tmp_path: Path) -> None:
         )
         assert answer.status_code == 200 and answer.json()["choices"][0]["message"]["content"]
         assert time.perf_counter() - t0 < 60
+        # Regenerate the stopped request: its prompt comes from the KV the stop kept, and the
+        # gateway says so (OpenAI's usage field) and counts it in /metrics
+        again = httpx.post(
+            gw.url + "/v1/chat/completions", json={**body, "stream": False, "max_tokens": 2}, timeout=120
+        )
+        usage = again.json()["usage"]
+        assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] - 1
+        metrics = httpx.get(gw.url + "/metrics").text
+        pattern = r'^abstract_client_gateway_prompt_tokens_cached_total\{backend="smollm2"\} (\S+)$'
+        counted = re.search(pattern, metrics, re.M)
+        assert counted is not None and float(counted.group(1)) >= usage["prompt_tokens"] - 1, metrics
 
 
 @pytest.mark.llamacpp

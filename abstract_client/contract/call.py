@@ -93,6 +93,7 @@ class Progress:
         complete calls)."""
         if self.fallback is not None:
             chunk = self.fallback.map(chunk, self.tools)
+        now = time.perf_counter()
         if chunk.delta or chunk.reasoning or chunk.tool_call is not None:
             if chunk.delta:
                 self.parts.append(chunk.delta)
@@ -102,8 +103,8 @@ class Progress:
                 self.tools.feed(chunk.tool_call)
             self.chunks += 1
             if self.first_chunk_at is None:
-                self.first_chunk_at = time.perf_counter()
-        self.last_chunk_at = time.perf_counter()
+                self.first_chunk_at = now
+        self.last_chunk_at = now
         if chunk.finish_reason is not None:
             if self.tools and not self.tools.unparsed():
                 calls = self.tools.complete(finished=True)

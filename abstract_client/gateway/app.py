@@ -155,10 +155,11 @@ class Gateway:
         for backend in self.backends.values():
             await backend.llm.aclose()
 
-    def stop_recorded(self, flight: Flight) -> None:
+    def stop_recorded(self, flight: Flight, err: GenerationCancelledError) -> None:
         seconds = time.perf_counter() - (flight.stop_seen_at or time.perf_counter())
         reason = flight.reason or "unknown"
         self.metrics.stopped(flight.backend.name, reason, seconds)
+        self.metrics.prompt(flight.backend.name, err.usage)
         log.info(
             "stopped %s backend=%s reason=%s stop->engine stopped %.2f ms",
             flight.request_id,
@@ -372,6 +373,7 @@ async def whole_generation(
         result = await flight.backend.llm.agenerate(
             **kwargs, signal=flight.controller.signal, request_id=flight.request_id
         )
+        gateway.metrics.prompt(flight.backend.name, result.usage)
         return (chat_completion if chat else text_completion)(result, flight.request_id, model)
 
     return await whole_answer(gateway, flight, send, produce)
@@ -383,7 +385,7 @@ async def whole_answer(gateway: Gateway, flight: Flight, send: Send, produce: Ca
     try:
         body = await produce()
     except GenerationCancelledError as err:
-        gateway.stop_recorded(flight)
+        gateway.stop_recorded(flight, err)
         if not flight.client_gone:
             await guarded_send_json(send, flight, *error_body(err))
         return 499
@@ -456,8 +458,9 @@ async def _produce(
                     if writer.behind:
                         await writer.room()
         result: GenerateResult = stream.result()
+        gateway.metrics.prompt(flight.backend.name, result.usage)
     except GenerationCancelledError as err:
-        gateway.stop_recorded(flight)
+        gateway.stop_recorded(flight, err)
         return 499, None if flight.client_gone else error_body(err)[1], None
     except Exception as err:
         status, payload = error_body(err)

@@ -1,6 +1,7 @@
-"""The gateway's Prometheus text: requests running, stops by reason, and the stop chain's
-latency (the stop seen → the engine stopped: upstream socket severed and the call unwound, or
-the in-process engine's worker drained)."""
+"""The gateway's Prometheus text: requests running, stops by reason, prompt tokens (and the
+share a backend's prompt cache served), and the stop chain's latency (the stop seen → the
+engine stopped: upstream socket severed and the call unwound, or the in-process engine's worker
+drained)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ class Metrics:
         self.requests: dict[tuple[str, str, int], int] = defaultdict(int)
         self.stops: dict[tuple[str, str], int] = defaultdict(int)
         self.rejected: dict[str, int] = defaultdict(int)
+        self.prompt_tokens: dict[str, int] = defaultdict(int)
+        self.cached_tokens: dict[str, int] = defaultdict(int)
         self._buckets = [0] * len(BUCKETS)
         self._count = 0
         self._sum = 0.0
@@ -45,6 +48,15 @@ class Metrics:
             for i, bound in enumerate(BUCKETS):
                 if seconds <= bound:
                     self._buckets[i] += 1
+
+    def prompt(self, backend: str, usage: Any) -> None:
+        """A generation's prompt, answered or stopped (its partial usage): how many tokens, and
+        how many a prompt cache served (where the backend reports it)."""
+        if usage is None or usage.prompt_tokens is None:
+            return
+        with self._lock:
+            self.prompt_tokens[backend] += usage.prompt_tokens
+            self.cached_tokens[backend] += usage.cached_tokens or 0
 
     def queue_rejected(self, backend: str) -> None:
         with self._lock:
@@ -81,12 +93,19 @@ class Metrics:
             )
             for b in backends:
                 rejected.add_metric([b], self.rejected[b])
+            prompt = CounterMetricFamily(f"{PREFIX}_prompt_tokens", "Prompt tokens of generations", labels=["backend"])
+            cached = CounterMetricFamily(
+                f"{PREFIX}_prompt_tokens_cached", "Prompt tokens served from a prompt cache", labels=["backend"]
+            )
+            for b in backends:
+                prompt.add_metric([b], self.prompt_tokens[b])
+                cached.add_metric([b], self.cached_tokens[b])
             chain = HistogramMetricFamily(
                 f"{PREFIX}_stop_to_engine_stopped_seconds", "From the stop seen to the engine stopped"
             )
             cumulative = [(str(bound), n) for bound, n in zip(BUCKETS, self._buckets, strict=True)]
             chain.add_metric([], [*cumulative, ("+Inf", self._count)], sum_value=self._sum)
-        return [running, requests, stops, rejected, chain]
+        return [running, requests, stops, rejected, prompt, cached, chain]
 
 
 class _Snapshot:

@@ -117,14 +117,17 @@ def _object(body: dict[str, Any], key: str) -> dict[str, Any]:
     return value
 
 
-def _usage(result_usage: Any) -> dict[str, int] | None:
+def _usage(result_usage: Any) -> dict[str, Any] | None:
     if result_usage is None or result_usage.prompt_tokens is None or result_usage.completion_tokens is None:
         return None
-    return {
+    usage: dict[str, Any] = {
         "prompt_tokens": result_usage.prompt_tokens,
         "completion_tokens": result_usage.completion_tokens,
         "total_tokens": result_usage.prompt_tokens + result_usage.completion_tokens,
     }
+    if result_usage.cached_tokens is not None:  # OpenAI's field for prompt-cache hits
+        usage["prompt_tokens_details"] = {"cached_tokens": result_usage.cached_tokens}
+    return usage
 
 
 def chat_completion(result: GenerateResult, request_id: str, model: str) -> dict[str, Any]:

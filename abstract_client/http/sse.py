@@ -10,7 +10,7 @@ Nothing else can be raised, whatever the bytes (fuzzed with Hypothesis).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..errors import ProviderProtocolError
 
@@ -20,8 +20,9 @@ DEFAULT_MAX_LINE_BYTES = 4 * 1024 * 1024
 _BOM = b"\xef\xbb\xbf"
 
 
-@dataclass(frozen=True, slots=True)
-class SSEEvent:
+class SSEEvent(NamedTuple):
+    # a NamedTuple, not a frozen dataclass: built once per token, and a frozen dataclass's
+    # __init__ costs twice as much (object.__setattr__ per field)
     event: str = "message"
     data: str = ""
     id: str | None = None
@@ -44,9 +45,11 @@ class SSEDecoder:
         events: list[SSEEvent] = []
         if not chunk:
             return events
-        if not self._buf and not self._skip_lf and self._bom_checked:
-            fast = self._feed_lf_only(chunk, events)
-            if fast:
+        if not self._skip_lf and self._bom_checked and b"\n" in chunk:
+            # a line cut by the previous read is completed here, so the fast path stays taken
+            # when reads do not fall on line ends (they almost never do)
+            joined = bytes(self._buf) + chunk if self._buf else chunk
+            if self._feed_lf_only(joined, events):
                 return events
         if self._skip_lf and chunk[:1] == b"\n":
             chunk = chunk[1:]
@@ -97,12 +100,17 @@ class SSEDecoder:
             return False  # the general path reports it, line by line
         lines = text.split("\n")
         lines.pop()  # the empty string after the last LF
+        data = self._data
         for line in lines:
-            event = self._line(line)
-            if event is not None:
-                events.append(event)
-        if last + 1 < len(chunk):
-            self._buf += chunk[last + 1 :]
+            if line[:6] == "data: ":  # the line of a token stream, inlined
+                data.append(line[6:])
+            elif line:
+                self._line(line)  # returns an event only for a blank line
+            elif data:
+                events.append(self._dispatch())  # type: ignore[arg-type]  # data: not None
+            else:
+                self._event = ""
+        self._buf[:] = chunk[last + 1 :]
         return True
 
     def close(self) -> list[SSEEvent]:
@@ -150,12 +158,10 @@ class SSEDecoder:
         if not self._data:
             self._event = ""
             return None
+        data = self._data
         event = SSEEvent(
-            event=self._event or "message",
-            data="\n".join(self._data),
-            id=self._last_id,
-            retry=self._retry,
+            self._event or "message", data[0] if len(data) == 1 else "\n".join(data), self._last_id, self._retry
         )
-        self._data = []
+        data.clear()
         self._event = ""
         return event

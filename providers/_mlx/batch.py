@@ -6,10 +6,11 @@ the sequences whose stop was requested (``remove(uid)``) — during prefill or d
 consumers get the end at once; the others continue. A token is counted and handed out only after
 its request's flag was checked, so nothing is sampled for a request after its flag was seen.
 
-Prompt cache: a bounded (bytes, LRU) ``LRUPromptCache``. A finished request inserts its KV
-(prompt + answer) keyed by its tokens; the next turn of the chat reuses the longest prefix
-(``usage.cached_tokens``). A stopped request never inserts anything (its cache is dropped with
-its sequence). ``clear()`` (on eject) drops the generator and the cache, on the MLX thread.
+Prompt cache: the model's (``MLXModel.prompt_cache``, shared with the serial engine). A finished
+request keeps its KV (prompt + answer); a stopped one keeps what it computed — the prefill chunks
+done, or the prompt plus the tokens handed out (``remove(..., return_prompt_caches=True)``,
+trimmed to them) — so a Regenerate or the next turn after a Stop starts from it
+(``usage.cached_tokens``). ``clear()`` (on eject) drops the generator, on the MLX thread.
 
 Requests the batch cannot honour exactly run alone, in order, on the same thread (the serial
 engine): a ``seed`` with sampling (mlx's RNG is global: a per-request seed cannot hold inside a
@@ -25,7 +26,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from abstract_client.output.stop_sequences import StopSequences
@@ -63,23 +64,27 @@ class Sequence:
     uid: int | None = None
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    prompt: list[int] = field(default_factory=list)
+    handed_out: list[int] = field(default_factory=list)  # token ids counted and passed on
     decoding: bool = False
+    usage_sent: bool = False
     state: dict[str, Any] = field(default_factory=dict)
+
+    def prompt_usage(self) -> Usage:
+        return Usage(prompt_tokens=self.prompt_tokens, cached_tokens=self.cached_tokens)
 
 
 class BatchEngine:
-    def __init__(self, model: MLXModel, thread: EngineThread, *, max_batch_size: int, prompt_cache_bytes: int) -> None:
+    def __init__(self, model: MLXModel, thread: EngineThread, *, max_batch_size: int) -> None:
         self.model = model
         self.thread = thread
         self.max_batch_size = max_batch_size
-        self.prompt_cache_bytes = prompt_cache_bytes
         self._lock = threading.Lock()
         self._pending: deque[Sequence] = deque()
         self._active: dict[int, Sequence] = {}
         self._running = False
         self._alone_waiting = 0
         self._generator: Any = None
-        self._cache: Any = None
 
     # -- any thread ---------------------------------------------------------------------------------
 
@@ -109,22 +114,17 @@ class BatchEngine:
 
         return self.thread.submit(run)
 
-    @property
-    def cache_bytes(self) -> int:
-        return int(self._cache.nbytes) if self._cache is not None else 0
-
     # -- on the MLX thread --------------------------------------------------------------------------
 
     def clear(self) -> None:
-        """Drop the generator and every prompt-cache entry (eject); the MLX thread, idle."""
+        """Drop the generator (eject, or a failed step); the MLX thread, idle."""
         if self._generator is not None:
             self._generator.close()
-        self._generator = self._cache = None
+        self._generator = None
 
     def _ensure_generator(self) -> Any:
         if self._generator is None:
             from mlx_lm.generate import BatchGenerator
-            from mlx_lm.models.cache import LRUPromptCache
 
             model, tokenizer = self.model.ensure_loaded()
             self._generator = BatchGenerator(
@@ -136,8 +136,6 @@ class BatchEngine:
                 prefill_step_size=self.model.prefill_step_size,
                 max_kv_size=self.model.max_kv_size,
             )
-            if self._cache is None and self.prompt_cache_bytes > 0:
-                self._cache = LRUPromptCache(max_size=1 << 16, max_bytes=self.prompt_cache_bytes)
         return self._generator
 
     def _loop(self) -> None:
@@ -169,6 +167,7 @@ class BatchEngine:
                 self._running = False
             self._active.clear()
             self.clear()
+            self.model.prompt_cache.clear()  # whatever failed may have left entries half-made
             for seq in failed:
                 seq.emit(Failure(type(exc).__name__, str(exc)))
                 seq.emit(seq.end)
@@ -193,18 +192,11 @@ class BatchEngine:
                 seq.emit(seq.end)
 
     def _insert(self, seq: Sequence) -> None:
-        from mlx_lm.models.cache import trim_prompt_cache
-
         generator = self._ensure_generator()
         _, tokenizer = self.model.ensure_loaded()
         request = seq.request
         prompt = self.model.prompt_ids(request)
-        cache, rest = (None, prompt)
-        if self._cache is not None:
-            cache, rest = self._cache.fetch_nearest_cache(self.model.key, prompt)
-            if cache is not None and not rest:  # the whole prompt is cached: recompute its last token
-                trim_prompt_cache(cache, 1)
-                rest = prompt[-1:]
+        cache, rest = self.model.prompt_cache.fetch(self.model.key, prompt)
         (uid,) = generator.insert(
             [rest],
             max_tokens=[request.max_tokens or self.model.default_max_tokens],
@@ -213,6 +205,7 @@ class BatchEngine:
             samplers=[self.model.sampler(request)],
         )
         seq.uid = uid
+        seq.prompt = prompt
         seq.prompt_tokens, seq.cached_tokens = len(prompt), len(prompt) - len(rest)
         seq.stats.prefill_total = len(rest)
         seq.state = {
@@ -232,9 +225,13 @@ class BatchEngine:
         stopped = [uid for uid, seq in self._active.items() if seq.token.is_set]
         if not stopped:
             return
-        self._generator.remove(stopped)  # only these sequences; the others go on
+        # only these sequences; the others go on. Their KV is kept: the work a stop leaves behind
+        # is what a Regenerate or the next turn starts from
+        kept = self._generator.remove(stopped, return_prompt_caches=True)
         for uid in stopped:
             seq = self._active.pop(uid)
+            if uid in kept:
+                self._keep(seq, kept[uid][0])
             seq.stats.stopped_in = "decode" if seq.decoding else "prefill"
             seq.stats.tokens_at_stop, seq.stats.stopped_at = seq.stats.tokens, time.perf_counter()
             seq.emit(seq.end)
@@ -248,6 +245,7 @@ class BatchEngine:
             return
         seq.decoding = True
         seq.stats.tokens += 1
+        seq.handed_out.append(int(r.token))
         st = seq.state
         detok, stops = st["detok"], st["stops"]
         if r.token not in st["eos"]:
@@ -260,23 +258,28 @@ class BatchEngine:
         if final:
             text += stops.flush()
         for piece in st["shaper"].feed(text, final=final):
+            if not seq.usage_sent:  # the prompt's size and the cache's share: a stop's partial usage has them
+                piece, seq.usage_sent = replace(piece, usage=seq.prompt_usage()), True
             seq.emit(piece)
         if not final:
             return
         if stops.hit and r.finish_reason is None:
-            self._generator.remove([r.uid])  # our stop string: the generator does not know it
-        elif r.prompt_cache is not None and self._cache is not None:
-            self._cache.insert_cache(self.model.key, list(r.all_tokens), r.prompt_cache)
+            # our stop string: the generator does not know it
+            kept = self._generator.remove([r.uid], return_prompt_caches=True)
+            if r.uid in kept:
+                self._keep(seq, kept[r.uid][0])
+        elif r.prompt_cache is not None:
+            self._keep(seq, r.prompt_cache)
         seq.emit(
             StreamChunk(
                 finish_reason="stop" if stops.hit else r.finish_reason,
-                usage=Usage(
-                    prompt_tokens=seq.prompt_tokens,
-                    completion_tokens=seq.stats.tokens,
-                    cached_tokens=seq.cached_tokens,
-                ),
+                usage=replace(seq.prompt_usage(), completion_tokens=seq.stats.tokens),
             )
         )
         seq.stats.finished = True
         del self._active[r.uid]
         seq.emit(seq.end)
+
+    def _keep(self, seq: Sequence, cache: Any) -> None:
+        if cache is not None:
+            self.model.prompt_cache.keep(self.model.key, seq.prompt + seq.handed_out, cache)

@@ -11,6 +11,7 @@ from typing import Any
 from abstract_client.types import GenerationRequest
 
 from .output import GrammarProcessor, chat_messages
+from .prompt_cache import PromptCache
 
 __all__ = ["MLXModel"]
 
@@ -25,6 +26,7 @@ class MLXModel:
         prefill_step_size: int,
         default_max_tokens: int,
         max_kv_size: int | None,
+        prompt_cache_bytes: int,
         options: dict[str, Any],
     ) -> None:
         self.path = path
@@ -37,11 +39,15 @@ class MLXModel:
         self.lltokenizer: Any = None  # llguidance's view of the tokenizer, for response_format
         self.memory_baseline: int | None = None  # active memory before the model was loaded
         self.ejected = False
+        self.loads = 0
+        # both engines' prompt cache: on the MLX thread only, dropped with the weights
+        self.prompt_cache = PromptCache(prompt_cache_bytes)
 
     @property
     def key(self) -> str:
-        """What prompt-cache entries are keyed by: this model, as loaded."""
-        return str(self.path)
+        """What prompt-cache entries are keyed by: this model, as loaded (a reload is another
+        key, so no entry computed by earlier weights is ever reused)."""
+        return f"{self.path}#{self.loads}"
 
     @property
     def loaded(self) -> bool:
@@ -58,10 +64,13 @@ class MLXModel:
             loaded = load(str(self.path))
             self.model, self.tokenizer = loaded[0], loaded[1]
             self.ejected = False
+            self.loads += 1
         return self.model, self.tokenizer
 
     def drop(self) -> None:
-        """Forget the weights (the caller collects and clears MLX's cache)."""
+        """Forget the weights and every prompt-cache entry (the caller collects and clears
+        MLX's cache)."""
+        self.prompt_cache.clear()
         self.model = self.tokenizer = self.lltokenizer = None
         self.ejected = True
 
