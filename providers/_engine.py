@@ -9,21 +9,28 @@ exit); the thread is shut down at interpreter exit too.
 
 from __future__ import annotations
 
+import abc
 import atexit
 import concurrent.futures
 import logging
+import math
 import queue
 import threading
 import weakref
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import anyio
 
+from abstract_client.errors import ModelBusyError, ProviderAPIError
+from abstract_client.provider import CallContext, ModelInfo, Provider, UnloadReport
 from abstract_client.stopping._loop import loop_caller
+from abstract_client.stopping.token import StopToken
+from abstract_client.types import GenerationRequest, StreamChunk
 
-__all__ = ["END", "EngineThread", "Failure", "RequestStats"]
+__all__ = ["END", "EngineProvider", "EngineThread", "Failure", "RequestStats"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -150,3 +157,138 @@ class EngineThread:
                     self._on_exit()
                 except Exception:
                     log.exception("%s: exit hook failed", self.name)
+
+
+class EngineProvider(Provider):
+    """What every in-process lane's provider shares: the engine thread, the per-request evidence,
+    the async side of a stream (the worker emits chunks from the engine thread; the consumer
+    awaits them; a consumer that leaves early sets the flag and drains, never returning while
+    the worker still computes), and eject (never free under a running job).
+
+    A lane supplies ``_generate`` (one request, on the engine thread: emit chunks, raise nothing),
+    ``_load_on_thread`` and ``_unload_on_thread``; it may override ``_start`` (the MLX batch)."""
+
+    complete_over_stream = True  # non-streaming calls are assembled by the contract, chunk by chunk
+    plain_route = False  # ... always: an engine has no other route
+    in_process = True
+
+    def __init__(self, *, model: str, thread: EngineThread) -> None:
+        super().__init__(model=model)
+        self.thread = thread
+        self._stats: OrderedDict[str, RequestStats] = OrderedDict()
+        self._stats_lock = threading.Lock()
+
+    # -- evidence -----------------------------------------------------------------------------------
+
+    def stats(self, request_id: str) -> RequestStats | None:
+        with self._stats_lock:
+            return self._stats.get(request_id)
+
+    def _new_stats(self, request_id: str) -> RequestStats:
+        with self._stats_lock:
+            stats = self._stats[request_id] = RequestStats()
+            while len(self._stats) > 256:
+                self._stats.popitem(last=False)
+            return stats
+
+    # -- the lane's part ------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def _generate(
+        self, request: GenerationRequest, token: StopToken, stats: RequestStats, emit: Callable[[object], None]
+    ) -> None:
+        """One request on the engine thread: ``emit`` its chunks (or a :class:`Failure`)."""
+
+    @abc.abstractmethod
+    def _load_on_thread(self) -> object: ...
+
+    @abc.abstractmethod
+    def _unload_on_thread(self) -> UnloadReport:
+        """Drop the weights (and every cache) on the engine thread, idle; report the memory."""
+
+    def _start(
+        self, request: GenerationRequest, token: StopToken, stats: RequestStats, emit: Callable[[object], None]
+    ) -> concurrent.futures.Future[None] | None:
+        """Start one request; the returned future (if any) is done once its job's bookkeeping is."""
+        return self.thread.submit(lambda: self._job(request, token, stats, emit))
+
+    def _job(
+        self, request: GenerationRequest, token: StopToken, stats: RequestStats, emit: Callable[[object], None]
+    ) -> None:
+        try:
+            self._generate(request, token, stats, emit)
+        finally:
+            emit(END)  # always the last message, whatever happened
+
+    # -- the async side -------------------------------------------------------------------------------
+
+    def stream(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
+        return self._stream(request, ctx)
+
+    async def _stream(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
+        send, receive = anyio.create_memory_object_stream[object](math.inf)
+        call = loop_caller()
+        stats = self._new_stats(ctx.request_id)
+        token = ctx.token
+
+        def emit(item: object) -> None:
+            call(lambda: send.send_nowait(item))
+
+        job_done = self._start(request, token, stats, emit)
+        ended = False
+        try:
+            while True:
+                item = await receive.receive()
+                if item is END:
+                    ended = True
+                    return
+                if isinstance(item, Failure):
+                    raise ProviderAPIError(
+                        f"{self.name} engine failed: {item.kind}: {item.message}", provider=self.name
+                    )
+                assert isinstance(item, StreamChunk)
+                yield item
+        finally:
+            with anyio.CancelScope(shield=True):
+                if not ended:
+                    # Leaving early (a stop, a cancelled task, a consumer that left): make sure
+                    # the worker sees the flag, then drain — never return while it still computes.
+                    token.stop("user", internal=True)
+                    while await receive.receive() is not END:
+                        pass
+                receive.close()
+                send.close()
+                if job_done is not None and not job_done.done():  # its bookkeeping, just behind END
+                    await anyio.to_thread.run_sync(job_done.result)
+
+    # -- models ---------------------------------------------------------------------------------------
+
+    async def list_models(self) -> list[ModelInfo]:
+        return [ModelInfo(id=str(self.model), loaded=self.loaded)]
+
+    @property
+    @abc.abstractmethod
+    def loaded(self) -> bool: ...
+
+    async def load_model(self) -> None:
+        await self.thread.run(self._load_on_thread)
+
+    async def unload_model(self, *, drain_timeout: float = 30.0) -> UnloadReport:
+        # A stream abandoned without aclose() may still be unwinding on the engine thread; its
+        # flag is set, so it stops within a token or a prefill chunk. Never free memory under it.
+        idle = await anyio.to_thread.run_sync(self.thread.wait_idle, drain_timeout)
+        if not idle:
+            raise ModelBusyError(
+                f"a decode was still running after {drain_timeout}s; nothing was freed",
+                provider=self.name,
+                model=self.model,
+            )
+        return await self.thread.run(self._unload_on_thread)
+
+    async def wait_ready(self, timeout: float) -> None:
+        await self.load_model()
+
+    async def aclose(self) -> None:
+        if self.thread.alive:
+            await self.unload_model(drain_timeout=30.0)
+        await anyio.to_thread.run_sync(self.thread.shutdown)

@@ -29,34 +29,27 @@ from __future__ import annotations
 
 import gc
 import logging
-import math
 import os
-import threading
 import time
-from collections import OrderedDict
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import anyio
-
 from abstract_client.errors import (
-    ModelBusyError,
     ModelNotFoundError,
     NotSupportedError,
-    ProviderAPIError,
 )
 from abstract_client.output.stop_sequences import StopSequences
-from abstract_client.provider import CallContext, EmbeddingBatch, ModelInfo, Provider, UnloadReport
-from abstract_client.stopping._loop import loop_caller
+from abstract_client.provider import CallContext, EmbeddingBatch, UnloadReport
 from abstract_client.stopping.token import StopToken
 from abstract_client.types import GenerationRequest, StreamChunk, Timings, Usage
 
-from ._engine import END, EngineThread, Failure, RequestStats
+from ._engine import END, EngineProvider, EngineThread, Failure, RequestStats
 from ._mlx.batch import BatchEngine, Sequence, runs_alone
 from ._mlx.model import MLXModel
-from ._mlx.output import OutputShaper
+from ._output import OutputShaper
 
 log = logging.getLogger(__name__)
 
@@ -65,11 +58,8 @@ class _Stop(Exception):
     """Raised inside the MLX thread when the request's stop flag is seen."""
 
 
-class MLXProvider(Provider):
+class MLXProvider(EngineProvider):
     name = "mlx"
-    complete_over_stream = True  # non-streaming calls are assembled by the contract, chunk by chunk
-    plain_route = False  # ... always: an engine has no other route
-    in_process = True
     default_embed_batch_size = 16
 
     def __init__(
@@ -97,7 +87,9 @@ class MLXProvider(Provider):
                 model=str(model),
             )
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # mlx_lm.load treats unknown paths as hub ids
-        super().__init__(model=str(path))
+        super().__init__(
+            model=str(path), thread=EngineThread(f"abstract-client-mlx:{path.name}", on_exit=_clear_streams)
+        )
         self.path = path
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be >= 1")
@@ -109,27 +101,11 @@ class MLXProvider(Provider):
             prompt_cache_bytes=prompt_cache_bytes,
             options=options,
         )
-        self.thread = EngineThread(f"abstract-client-mlx:{path.name}", on_exit=_clear_streams)
         # max_batch_size=1: the serial engine (one stream_generate at a time); more: continuous
         # batching (_mlx/batch.py). Both share the model's prompt cache (_mlx/prompt_cache.py).
         self.batch = (
             None if max_batch_size == 1 else BatchEngine(self.handle, self.thread, max_batch_size=max_batch_size)
         )
-        self._stats: OrderedDict[str, RequestStats] = OrderedDict()
-        self._stats_lock = threading.Lock()
-
-    # -- evidence -----------------------------------------------------------------------------------
-
-    def stats(self, request_id: str) -> RequestStats | None:
-        with self._stats_lock:
-            return self._stats.get(request_id)
-
-    def _new_stats(self, request_id: str) -> RequestStats:
-        with self._stats_lock:
-            stats = self._stats[request_id] = RequestStats()
-            while len(self._stats) > 256:
-                self._stats.popitem(last=False)
-            return stats
 
     @property
     def loaded(self) -> bool:
@@ -272,7 +248,10 @@ class MLXProvider(Provider):
         mx.synchronize()
         return vectors, n_tokens
 
-    def _unload_on_thread(self) -> tuple[int, int]:
+    def _load_on_thread(self) -> object:
+        return self.handle.ensure_loaded()
+
+    def _unload_on_thread(self) -> UnloadReport:
         import mlx.core as mx
 
         before = mx.get_active_memory()
@@ -282,58 +261,27 @@ class MLXProvider(Provider):
         gc.collect()
         mx.synchronize()
         mx.clear_cache()
-        return before, mx.get_active_memory()
+        after = mx.get_active_memory()
+        return UnloadReport(
+            server_unloaded=True,
+            memory_before=before,
+            extra={"memory_baseline": self.handle.memory_baseline},
+            memory_after=after,
+            detail=f"mlx: active memory {before / 2**20:.1f} MiB → {after / 2**20:.1f} MiB",
+        )
 
     # -- the async side -------------------------------------------------------------------------------
 
-    def stream(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
-        return self._stream(request, ctx)
-
-    async def _stream(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
-        send, receive = anyio.create_memory_object_stream[object](math.inf)
-        call = loop_caller()
-        stats = self._new_stats(ctx.request_id)
-        token = ctx.token
-
-        def emit(item: object) -> None:
-            call(lambda: send.send_nowait(item))
-
-        def job() -> None:
-            try:
-                self._generate(request, token, stats, emit)
-            finally:
-                emit(END)
-
-        job_done: Any = None
+    def _start(
+        self, request: GenerationRequest, token: StopToken, stats: RequestStats, emit: Callable[[object], None]
+    ) -> Future[None] | None:
+        # max_batch_size > 1: the batch, except requests it cannot honour exactly (run alone)
         if self.batch is None:
-            job_done = self.thread.submit(job)
-        elif runs_alone(request, self.handle.options):
-            job_done = self.batch.alone(job)
-        else:
-            self.batch.submit(Sequence(request, token, stats, emit, end=END))
-        ended = False
-        try:
-            while True:
-                item = await receive.receive()
-                if item is END:
-                    ended = True
-                    return
-                if isinstance(item, Failure):
-                    raise ProviderAPIError(f"mlx-lm failed: {item.kind}: {item.message}", provider=self.name)
-                assert isinstance(item, StreamChunk)
-                yield item
-        finally:
-            with anyio.CancelScope(shield=True):
-                if not ended:
-                    # Leaving early (a stop, a cancelled task, a consumer that left): make sure
-                    # the worker sees the flag, then drain — never return while it still decodes.
-                    token.stop("user", internal=True)
-                    while await receive.receive() is not END:
-                        pass
-                receive.close()
-                send.close()
-                if job_done is not None and not job_done.done():  # its bookkeeping, just behind END
-                    await anyio.to_thread.run_sync(job_done.result)
+            return super()._start(request, token, stats, emit)
+        if runs_alone(request, self.handle.options):
+            return self.batch.alone(lambda: self._job(request, token, stats, emit))
+        self.batch.submit(Sequence(request, token, stats, emit, end=END))
+        return None
 
     async def embed(
         self, texts: list[str], ctx: CallContext, *, model: str | None, dimensions: int | None = None
@@ -362,41 +310,6 @@ class MLXProvider(Provider):
             return len(self.handle.prompt_ids(request))
 
         return await self.thread.run(count)
-
-    # -- models ---------------------------------------------------------------------------------------
-
-    async def list_models(self) -> list[ModelInfo]:
-        return [ModelInfo(id=str(self.path), loaded=self.loaded)]
-
-    async def load_model(self) -> None:
-        await self.thread.run(self.handle.ensure_loaded)
-
-    async def unload_model(self, *, drain_timeout: float = 30.0) -> UnloadReport:
-        # A stream abandoned without aclose() may still be unwinding on the MLX thread; its flag is
-        # set, so it stops within a token or a prefill chunk. Never free memory under it.
-        idle = await anyio.to_thread.run_sync(self.thread.wait_idle, drain_timeout)
-        if not idle:
-            raise ModelBusyError(
-                f"a decode was still running after {drain_timeout}s; nothing was freed",
-                provider=self.name,
-                model=self.model,
-            )
-        before, after = await self.thread.run(self._unload_on_thread)
-        return UnloadReport(
-            server_unloaded=True,
-            memory_before=before,
-            extra={"memory_baseline": self.handle.memory_baseline},
-            memory_after=after,
-            detail=f"mlx: active memory {before / 2**20:.1f} MiB → {after / 2**20:.1f} MiB",
-        )
-
-    async def wait_ready(self, timeout: float) -> None:
-        await self.load_model()
-
-    async def aclose(self) -> None:
-        if self.thread.alive:
-            await self.unload_model(drain_timeout=30.0)
-        await anyio.to_thread.run_sync(self.thread.shutdown)
 
 
 def _clear_streams() -> None:

@@ -26,6 +26,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -34,8 +35,8 @@ from abstract_client.stopping.token import StopToken
 from abstract_client.types import GenerationRequest, StreamChunk, Usage
 
 from .._engine import EngineThread, Failure, RequestStats
+from .._output import OutputShaper
 from .model import MLXModel
-from .output import OutputShaper
 
 __all__ = ["BatchEngine", "Sequence", "runs_alone"]
 
@@ -96,7 +97,7 @@ class BatchEngine:
         if start:
             self.thread.submit(self._loop)
 
-    def alone(self, job: Callable[[], None]) -> Any:
+    def alone(self, job: Callable[[], None]) -> Future[None]:
         """Run ``job`` (a serial generation) on the MLX thread once the batch has drained."""
         with self._lock:
             self._alone_waiting += 1

@@ -1,14 +1,15 @@
-"""What the MLX lane adds around mlx-lm for tools, structured output and reasoning.
+"""What the in-process lanes (MLX, transformers) add around their engine for tools, structured
+output and reasoning.
 
 * ``chat_messages``: messages as Hugging Face chat templates take them (text content, tool-call
   arguments as objects); images are refused (the text models of this lane take none).
 * ``OutputShaper``: splits the sampled text into content, reasoning (the tokenizer's think tags)
   and whole tool calls (the tokenizer's tool-call tags, parsed by mlx-lm's own parser), piece by
   piece, so the stop can still be checked at every token.
-* ``GrammarProcessor``: a logits processor from llguidance that masks every token the JSON
-  schema does not allow (chosen over outlines-core and xgrammar by measurement: see
-  ``docs/tools-and-structured-output.md``). It runs on the MLX thread, inside the per-token loop
-  where the stop is checked.
+* ``GrammarMask``: llguidance's matcher for a JSON schema — the tokens it allows next (chosen
+  over outlines-core and xgrammar by measurement: see ``docs/tools-and-structured-output.md``);
+  ``GrammarProcessor`` is it as an mlx-lm logits processor. Both run on the engine thread,
+  inside the per-token loop where the stop is checked.
 """
 
 from __future__ import annotations
@@ -22,14 +23,14 @@ from abstract_client.output.tags import TagSplitter
 from abstract_client.types import Message, StreamChunk, ToolCall, ToolCallDelta
 
 
-def chat_messages(messages: list[Message]) -> list[dict[str, Any]]:
+def chat_messages(messages: list[Message], provider: str = "mlx") -> list[dict[str, Any]]:
     out = []
     for message in messages:
         m: dict[str, Any] = dict(message)
         content = m.get("content")
         if isinstance(content, list):
             if any(p.get("type") != "text" for p in content):
-                raise NotSupportedError("the mlx lane takes text only (no image parts)", provider="mlx")
+                raise NotSupportedError(f"the {provider} lane takes text only (no image parts)", provider=provider)
             m["content"] = "".join(p.get("text", "") for p in content)
         if m.get("tool_calls"):
             calls = []
@@ -100,12 +101,11 @@ class OutputShaper:
         return pieces
 
 
-class GrammarProcessor:
-    """An mlx-lm logits processor: ``(tokens so far, logits) -> logits`` with every token the
-    grammar forbids set to -inf. The first call sees the prompt; each later call first feeds the
-    token sampled since."""
+class GrammarMask:
+    """The tokens a JSON schema allows next, engine-neutral: ``consume`` each sampled token,
+    ``allowed(vocab)`` is a boolean numpy mask over the model's vocabulary."""
 
-    def __init__(self, lltokenizer: Any, schema: dict[str, Any] | None, *, prompt_len: int) -> None:
+    def __init__(self, lltokenizer: Any, schema: dict[str, Any] | None, *, provider: str) -> None:
         import llguidance
         import llguidance.numpy as lln
 
@@ -115,23 +115,39 @@ class GrammarProcessor:
         self._matcher = llguidance.LLMatcher(lltokenizer, grammar)
         error = self._matcher.get_error()
         if error:
-            raise NotSupportedError(f"llguidance cannot compile this schema: {error}", provider="mlx")
+            raise NotSupportedError(f"llguidance cannot compile this schema: {error}", provider=provider)
         self._fill = lln.fill_next_token_bitmask
         self._mask = lln.allocate_token_bitmask(1, lltokenizer.vocab_size)
+
+    def consume(self, token: int) -> None:
+        self._matcher.consume_token(token)
+
+    def allowed(self, vocab: int) -> Any:
+        import numpy as np
+
+        self._fill(self._matcher, self._mask, 0)
+        allowed = np.unpackbits(self._mask.view(np.uint8), bitorder="little")[:vocab].astype(bool)
+        if allowed.shape[0] < vocab:
+            allowed = np.pad(allowed, (0, vocab - allowed.shape[0]))
+        return allowed
+
+
+class GrammarProcessor(GrammarMask):
+    """An mlx-lm logits processor: ``(tokens so far, logits) -> logits`` with every token the
+    grammar forbids set to -inf. The first call sees the prompt; each later call first feeds the
+    token sampled since."""
+
+    def __init__(self, lltokenizer: Any, schema: dict[str, Any] | None, *, prompt_len: int) -> None:
+        super().__init__(lltokenizer, schema, provider="mlx")
         self._seen = prompt_len
 
     def __call__(self, tokens: Any, logits: Any) -> Any:
         import mlx.core as mx
-        import numpy as np
 
         n = int(tokens.shape[-1]) if tokens is not None else self._seen
         if n > self._seen:
             for token in tokens[self._seen :].tolist():
-                self._matcher.consume_token(int(token))
+                self.consume(int(token))
             self._seen = n
-        self._fill(self._matcher, self._mask, 0)
-        vocab = int(logits.shape[-1])
-        allowed = np.unpackbits(self._mask.view(np.uint8), bitorder="little")[:vocab].astype(bool)
-        if allowed.shape[0] < vocab:
-            allowed = np.pad(allowed, (0, vocab - allowed.shape[0]))
+        allowed = self.allowed(int(logits.shape[-1]))
         return mx.where(mx.array(allowed), logits, mx.array(-float("inf"), dtype=logits.dtype))
