@@ -29,6 +29,7 @@ _BUILTIN: dict[str, str] = {
     "ollama": "providers.ollama:OllamaProvider",
     "lmstudio": "providers.lmstudio:LMStudioProvider",
     "mlx": "providers.mlx:MLXProvider",
+    "transformers": "providers.transformers:TransformersProvider",
     "vllm": "providers.vllm:VLLMProvider",
     "remote": "providers.remote:RemoteProvider",
 }

@@ -14,17 +14,19 @@ import atexit
 import concurrent.futures
 import logging
 import math
+import os
 import queue
 import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
 
-from abstract_client.errors import ModelBusyError, ProviderAPIError
+from abstract_client.errors import ModelBusyError, ModelNotFoundError, ProviderAPIError
 from abstract_client.provider import CallContext, ModelInfo, Provider, UnloadReport
 from abstract_client.stopping._loop import loop_caller
 from abstract_client.stopping.token import StopToken
@@ -172,9 +174,25 @@ class EngineProvider(Provider):
     plain_route = False  # ... always: an engine has no other route
     in_process = True
 
-    def __init__(self, *, model: str, thread: EngineThread) -> None:
-        super().__init__(model=model)
-        self.thread = thread
+    def __init__(
+        self, *, model: str | None, kind: str, weights: str, on_exit: Callable[[], object] | None = None
+    ) -> None:
+        """``model``: a local directory with ``config.json`` and ``weights`` (a glob); ``kind``
+        names it in errors ("MLX", "Hugging Face")."""
+        if model is None:
+            raise ValueError(f"the {self.name} provider needs model=PATH (a local {kind} model directory)")
+        path = Path(model).expanduser().resolve()
+        if not (path / "config.json").is_file() or not any(path.glob(weights)):
+            raise ModelNotFoundError(
+                f"{path} is not a local {kind} model directory (config.json and {weights}); "
+                "abstract-client never downloads models from a hub",
+                provider=self.name,
+                model=str(model),
+            )
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # loaders treat an unknown path as a hub id
+        super().__init__(model=str(path))
+        self.path = path
+        self.thread = EngineThread(f"abstract-client-{self.name}:{path.name}", on_exit=on_exit)
         self._stats: OrderedDict[str, RequestStats] = OrderedDict()
         self._stats_lock = threading.Lock()
 
@@ -200,7 +218,9 @@ class EngineProvider(Provider):
         """One request on the engine thread: ``emit`` its chunks (or a :class:`Failure`)."""
 
     @abc.abstractmethod
-    def _load_on_thread(self) -> object: ...
+    def _load_on_thread(self) -> None:
+        """Load the weights (on the engine thread). Returns nothing: a returned model would live
+        on in whatever awaited it, and an eject could not free it."""
 
     @abc.abstractmethod
     def _unload_on_thread(self) -> UnloadReport:

@@ -29,16 +29,13 @@ from __future__ import annotations
 
 import gc
 import logging
-import os
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from abstract_client.errors import (
-    ModelNotFoundError,
     NotSupportedError,
 )
 from abstract_client.output.stop_sequences import StopSequences
@@ -46,7 +43,7 @@ from abstract_client.provider import CallContext, EmbeddingBatch, UnloadReport
 from abstract_client.stopping.token import StopToken
 from abstract_client.types import GenerationRequest, StreamChunk, Timings, Usage
 
-from ._engine import END, EngineProvider, EngineThread, Failure, RequestStats
+from ._engine import END, EngineProvider, Failure, RequestStats
 from ._mlx.batch import BatchEngine, Sequence, runs_alone
 from ._mlx.model import MLXModel
 from ._output import OutputShaper
@@ -76,25 +73,11 @@ class MLXProvider(EngineProvider):
         prompt_cache_bytes: int = 256 * 2**20,
         **options: Any,
     ) -> None:
-        if model is None:
-            raise ValueError("the mlx provider needs model=PATH (a local MLX model directory)")
-        path = Path(model).expanduser().resolve()
-        if not (path / "config.json").is_file() or not any(path.glob("model*.safetensors")):
-            raise ModelNotFoundError(
-                f"{path} is not a local MLX model directory (config.json and model*.safetensors); "
-                "abstract-client never downloads models from a hub",
-                provider=self.name,
-                model=str(model),
-            )
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # mlx_lm.load treats unknown paths as hub ids
-        super().__init__(
-            model=str(path), thread=EngineThread(f"abstract-client-mlx:{path.name}", on_exit=_clear_streams)
-        )
-        self.path = path
+        super().__init__(model=model, kind="MLX", weights="model*.safetensors", on_exit=_clear_streams)
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be >= 1")
         self.handle = MLXModel(
-            path,
+            self.path,
             prefill_step_size=prefill_step_size,
             default_max_tokens=default_max_tokens,
             max_kv_size=max_kv_size,
@@ -248,8 +231,8 @@ class MLXProvider(EngineProvider):
         mx.synchronize()
         return vectors, n_tokens
 
-    def _load_on_thread(self) -> object:
-        return self.handle.ensure_loaded()
+    def _load_on_thread(self) -> None:
+        self.handle.ensure_loaded()
 
     def _unload_on_thread(self) -> UnloadReport:
         import mlx.core as mx

@@ -8,9 +8,16 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 # Every engine is installed below: a missing one fails its tests instead of skipping them.
 export ABSTRACT_CLIENT_REQUIRE_ENGINES=1
 
-echo ">> installing abstract-client with the dev, mlx and cli extras"
+echo ">> installing torch (the CPU build), then abstract-client with the dev, mlx, transformers and cli extras"
 log="$(mktemp)"
-if ! python3 -m pip install -q -e '.[dev,mlx,cli]' >"$log" 2>&1; then
+# The CPU build, never a CUDA one: the wheel this machine kind keeps on disk (pip's find-links),
+# else PyTorch's CPU index. A bare `torch` requirement would pull a CUDA build of several GB.
+if ! python3 -m pip install -q "torch==2.13.0+cpu" >"$log" 2>&1 \
+  && ! python3 -m pip install -q "torch==2.13.0+cpu" --index-url https://download.pytorch.org/whl/cpu >"$log" 2>&1; then
+  cat "$log" >&2
+  exit 1
+fi
+if ! python3 -m pip install -q -e '.[dev,mlx,transformers,cli]' >"$log" 2>&1; then
   cat "$log" >&2
   exit 1
 fi

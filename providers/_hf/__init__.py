@@ -1,0 +1,1 @@
+"""The transformers lane's engine pieces (``providers/transformers.py`` is the provider)."""
