@@ -30,6 +30,7 @@ from .output.structured import function_tool
 from .provider import CallContext, Completion, EmbeddingBatch, ModelInfo, Provider, UnloadReport
 from .registry import available_providers, create_llm, register_provider
 from .stopping.abort import AbortController, AbortSignal
+from .telemetry import RequestIdFilter
 from .types import (
     ContentPart,
     EmbeddingResult,
@@ -79,6 +80,7 @@ __all__ = [
     "ProviderError",
     "ProviderProtocolError",
     "RateLimitError",
+    "RequestIdFilter",
     "ResponseFormat",
     "ServerUnavailableError",
     "StreamChunk",

@@ -218,7 +218,9 @@ class LLM:
         )
         # Every generation runs on a severable private connection: whether it is stopped by its
         # own source, cancel(id), cancel_all() or an eject, the server hears it the same way.
-        return self._new_call(spec, request_id)
+        call = self._new_call(spec, request_id)
+        call.kind = "text_completion" if spec.request.raw else "chat"
+        return call
 
     # -- generation ---------------------------------------------------------------------------
 

@@ -73,6 +73,7 @@ class CallContext:
     clients: HttpClients | None = None
     connect_timeout: float | None = 10.0
     on_chunk: Callable[[StreamChunk], object] | None = None
+    trace_headers: dict[str, str] | None = None  # W3C trace context for the upstream (telemetry)
 
     def report(self, chunk: StreamChunk) -> None:
         """For ``complete()`` of engines that produce text piecewise: record progress so that a
@@ -91,10 +92,15 @@ class CallContext:
         return httpx.Timeout(None, connect=self.connect_timeout)
 
     def stream(self, method: str, url: str, **kwargs: Any) -> AbstractAsyncContextManager[httpx.Response]:
-        return self.http().stream(method, url, timeout=self._timeout(), **kwargs)
+        return self.http().stream(method, url, timeout=self._timeout(), **self._traced(kwargs))
 
     async def request(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
-        return await self.http().request(method, url, timeout=self._timeout(), **kwargs)
+        return await self.http().request(method, url, timeout=self._timeout(), **self._traced(kwargs))
+
+    def _traced(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        if self.trace_headers:
+            kwargs["headers"] = {**(kwargs.get("headers") or {}), **self.trace_headers}
+        return kwargs
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +164,11 @@ class Provider(abc.ABC):
     ) -> EmbeddingBatch:
         """Embed one batch (the contract does the batching, the stop between batches, retries)."""
         raise NotSupportedError(f"{self.name} has no embeddings route", provider=self.name)
+
+    def usage_at_stop(self, request_id: str) -> Usage | None:
+        """An in-process engine's own usage for a stopped request (prompt tokens, tokens it
+        sampled), or None: the contract then reports what the stream delivered."""
+        return None
 
     async def native_tools(self, request: GenerationRequest) -> bool:
         """True when the backend itself does tool calling for ``request.tool_choice`` (the server

@@ -30,7 +30,7 @@ from abstract_client.errors import ModelBusyError, ModelNotFoundError, ProviderA
 from abstract_client.provider import CallContext, ModelInfo, Provider, UnloadReport
 from abstract_client.stopping._loop import loop_caller
 from abstract_client.stopping.token import StopToken
-from abstract_client.types import GenerationRequest, StreamChunk
+from abstract_client.types import GenerationRequest, StreamChunk, Usage
 
 __all__ = ["END", "EngineProvider", "EngineThread", "Failure", "RequestStats"]
 
@@ -45,6 +45,8 @@ class RequestStats:
     """The engine side's own record of one request: the evidence a stop is judged by."""
 
     tokens: int = 0  # tokens sampled for this request (embeddings: inputs embedded)
+    prompt_tokens: int | None = None  # the prompt's length, once tokenised
+    cached_tokens: int | None = None  # of which a prompt cache served (lanes that have one)
     prefill_done: int = 0
     prefill_total: int = 0
     tokens_at_stop: int | None = None  # the counter when the worker saw the stop flag
@@ -208,6 +210,16 @@ class EngineProvider(Provider):
             while len(self._stats) > 256:
                 self._stats.popitem(last=False)
             return stats
+
+    def usage_at_stop(self, request_id: str) -> Usage | None:
+        """The engine's own count for a stopped request: its prompt, and the tokens it sampled
+        and counted (a token is counted only after its stop flag was checked)."""
+        stats = self.stats(request_id)
+        if stats is None or stats.prompt_tokens is None:
+            return None
+        return Usage(
+            prompt_tokens=stats.prompt_tokens, completion_tokens=stats.tokens, cached_tokens=stats.cached_tokens
+        )
 
     # -- the lane's part ------------------------------------------------------------------------------
 

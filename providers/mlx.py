@@ -121,6 +121,7 @@ class MLXProvider(EngineProvider):
             else:
                 rest = ids
             cached = len(ids) - len(rest)
+            stats.prompt_tokens, stats.cached_tokens = len(ids), cached
             if kv is None:
                 kv = make_prompt_cache(model, max_kv_size=handle.max_kv_size)
 

@@ -49,7 +49,9 @@ class RemoteProvider(VLLMProvider):
             try:
                 httpx.post(url, headers=headers, timeout=5.0)
             except httpx.HTTPError:
-                log.debug("cancel endpoint unreachable for %s", request_id, exc_info=True)
+                log.debug(
+                    "cancel endpoint unreachable for %s", request_id, exc_info=True, extra={"request_id": request_id}
+                )
 
         threading.Thread(target=post, name="abstract-client-remote-cancel", daemon=True).start()
 

@@ -141,7 +141,7 @@ class TransformersProvider(EngineProvider):
             with torch.inference_mode():
                 # prefill: every prompt token but the last, in chunks (the last one starts decode)
                 self._phase = "prefill"
-                stats.prefill_total = len(ids) - 1
+                stats.prefill_total, stats.prompt_tokens = len(ids) - 1, len(ids)
                 for start in range(0, len(ids) - 1, step):
                     if token.is_set:  # between prefill chunks
                         raise _Stop

@@ -87,6 +87,8 @@ def test_a_stop_in_decode_keeps_the_prompt_and_exactly_the_tokens_handed_out(llm
     assert stats is not None and stats.stopped_in == "decode" and stats.tokens_at_stop is not None
     # the stop's partial usage has the prompt's size and the cache's share
     assert err.usage is not None and err.usage.prompt_tokens is not None and err.usage.cached_tokens == 0
+    # the engine's own count of what it sampled, not the chunks that reached the caller
+    assert err.usage.completion_tokens == stats.tokens_at_stop == err.generated_tokens
     n = err.usage.prompt_tokens
     # mlx-lm had already fed one more token to the model when the flag was seen: trimmed away
     assert cache_of(llm).last_kept == n + stats.tokens_at_stop

@@ -13,6 +13,7 @@ import time
 
 import anyio
 
+from .. import telemetry
 from ..http.guard import SocketGuard
 from .call import Call
 from .translate import cancelled
@@ -36,6 +37,7 @@ def admit_now(call: Call) -> None:
     call.registry.add(token)  # a duplicate request id raises here, before anything is held
     call.admitted = True
     call.t0 = time.perf_counter()
+    telemetry.start(call)  # its span ends in release, whatever the exit
     token.bind(cancel_event=spec.cancel_event, signal=spec.signal)
     if token.is_set:  # rule 1: nothing is sent
         release(call)
@@ -60,3 +62,4 @@ def release(call: Call, *, clean: bool = False) -> None:
             guard.sever()
     call.registry.remove(call.token)
     call.token.release()
+    telemetry.end(call, clean=clean)

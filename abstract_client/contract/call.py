@@ -128,13 +128,18 @@ class Call:
     __slots__ = (
         "admitted",
         "ctx",
+        "error_type",
         "gate",
         "guard",
+        "kind",
+        "log_token",
         "prepared",
         "progress",
         "registry",
         "released",
+        "span",
         "spec",
+        "streaming",
         "sync",
         "t0",
         "token",
@@ -162,6 +167,13 @@ class Call:
         self.wire_request: GenerationRequest = spec.request
         self.prepared = False
         self.sync = False  # a sync caller waits on it: that caller builds the stop's error (_sync)
+        # telemetry: the GenAI operation ("chat", "text_completion", "embeddings"; None: model
+        # management, no span), whether the caller streams, its span, the error it ended with
+        self.kind: str | None = None
+        self.streaming = False
+        self.span: Any = None
+        self.error_type: str | None = None  # a name, not the error: no cycle through its traceback
+        self.log_token: Any = None
         self.ctx = CallContext(
             token=token,
             request_id=token.request_id,

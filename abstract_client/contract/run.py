@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import anyio
 
+from .. import telemetry
 from ..errors import ProviderProtocolError
 from ..provider import Completion
 from ..stopping.token import InflightRegistry, StopToken
@@ -47,7 +48,15 @@ async def with_retries(call: Call, attempt_once: Callable[[], Awaitable[T]]) -> 
             if not policy.should_retry(typed, attempt):
                 raise
             delay = policy.delay(typed, attempt)
-            log.warning("%s: retrying %s in %.2fs after %s", call.provider.name, call.request_id, delay, typed)
+            log.warning(
+                "%s: retrying %s in %.2fs after %s",
+                call.provider.name,
+                call.request_id,
+                delay,
+                typed,
+                extra={"request_id": call.request_id},  # also from threads outside the call
+            )
+            telemetry.retried(call, typed, attempt, delay)
             await anyio.sleep(delay)
             attempt += 1
 

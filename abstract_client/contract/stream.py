@@ -56,6 +56,7 @@ class GenerationStream:
 
     def __init__(self, call: Call) -> None:
         self._call = call
+        call.streaming = True
         self._source: Source | None = None
         self._state = "new"
 
@@ -179,7 +180,8 @@ class GenerationStream:
                 with anyio.CancelScope(shield=True):
                     await source.aclose()
         except Exception:  # the connection is gone either way; the caller gets the real error
-            log.debug("closing %s", self._call.request_id, exc_info=True)
+            rid = self._call.request_id
+            log.debug("closing %s", rid, exc_info=True, extra={"request_id": rid})
         finally:
             release(self._call, clean=clean)
 

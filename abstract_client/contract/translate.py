@@ -69,6 +69,7 @@ def raise_translated(call: Call, exc: BaseException) -> None:
 
 def attach(call: Call, err: AbstractClientError) -> AbstractClientError:
     progress = call.progress
+    call.error_type = type(err).__name__  # the call's outcome, for its span
     err.partial_text = err.partial_text or progress.text
     err.generated_tokens = err.generated_tokens or call.generated_tokens
     err.usage = err.usage or progress.usage
@@ -110,6 +111,9 @@ def stop_error(call: Call) -> GenerationCancelledError:
         signal_reason=token.signal_reason,
     )
     attach(call, err)
+    engine = call.provider.usage_at_stop(call.request_id)
+    if engine is not None:  # an in-process engine counts what it sampled, text it still held back too
+        err.usage, err.generated_tokens = engine, engine.completion_tokens or 0
     return err
 
 

@@ -30,6 +30,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
+from .. import telemetry
 from ..errors import GenerationCancelledError
 from ..llm import LLM
 from ..registry import create_llm, runs_in_process
@@ -107,6 +108,7 @@ class Flight:
         self.owner: str | None = None  # the identity of the key it came with (cancel(id) checks it)
         self.write_timeout = write_timeout  # a client that reads nothing for this long is stalled
         self.queue_scope: anyio.CancelScope | None = None
+        self.span: Any = None  # the request's SERVER span, when tracing is on
 
     def stop(self, reason: str) -> None:
         """From the disconnect watcher, the cancel endpoint or shutdown (first reason wins)."""
@@ -115,6 +117,8 @@ class Flight:
         if self.reason is not None:
             return
         self.reason, self.stop_seen_at = reason, time.perf_counter()
+        if self.span is not None:  # the chain, on the request's span: stop seen ... engine stopped
+            self.span.add_event("stop", {"abstract_client.stop.reason": reason})
         self.controller.abort(reason)
         if self.queue_scope is not None:
             self.queue_scope.cancel()
@@ -160,6 +164,8 @@ class Gateway:
         reason = flight.reason or "unknown"
         self.metrics.stopped(flight.backend.name, reason, seconds)
         self.metrics.prompt(flight.backend.name, err.usage)
+        if flight.span is not None:
+            flight.span.add_event("engine_stopped", {"abstract_client.stop.chain_ms": seconds * 1000})
         log.info(
             "stopped %s backend=%s reason=%s stop->engine stopped %.2f ms",
             flight.request_id,
@@ -220,14 +226,19 @@ class GenerationResponse:
         gateway.flights[self.request_id] = flight
         gateway.metrics.started(backend.name)
         status = 500
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(watch_disconnect, receive, flight)
-                status = await self._in_slot(flight, send)
-                tg.cancel_scope.cancel()
-        finally:
-            del gateway.flights[self.request_id]
-            gateway.metrics.finished(backend.name, self.endpoint, status)
+        path = scope.get("path", "")
+        # the caller's trace continues here; the backend call's span is this span's child
+        with telemetry.server_span(f"POST {path}", scope.get("headers") or [], self.request_id, path) as flight.span:
+            try:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(watch_disconnect, receive, flight)
+                    status = await self._in_slot(flight, send)
+                    tg.cancel_scope.cancel()
+            finally:
+                del gateway.flights[self.request_id]
+                gateway.metrics.finished(backend.name, self.endpoint, status)
+                if flight.span is not None:
+                    flight.span.set_attribute("http.response.status_code", status)
 
     async def _in_slot(self, flight: Flight, send: Send) -> int:
         """Wait for a slot (bounded: 503 + Retry-After), then run; a client that leaves while

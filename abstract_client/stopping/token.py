@@ -116,12 +116,12 @@ class StopToken:
             self.internal = internal
             self.reason = reason
             hooks, self._hooks = self._hooks, []
-        log.debug("stop %s: %s", self.request_id, reason)
+        log.debug("stop %s: %s", self.request_id, reason, extra={"request_id": self.request_id})
         for _, hook in hooks:  # in Step order: see Step
             try:
                 hook()
             except Exception:
-                log.exception("stop hook failed for %s", self.request_id)
+                log.exception("stop hook failed for %s", self.request_id, extra={"request_id": self.request_id})
         # From a plain thread (a UI's Stop button), hand the GIL over now: the threads the hooks
         # just woke (the event loop, a blocked sync caller) run at once instead of waiting for
         # this thread to block or for the 5 ms switch interval. On an event loop's own thread

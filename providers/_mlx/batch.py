@@ -208,6 +208,7 @@ class BatchEngine:
         seq.uid = uid
         seq.prompt = prompt
         seq.prompt_tokens, seq.cached_tokens = len(prompt), len(prompt) - len(rest)
+        seq.stats.prompt_tokens, seq.stats.cached_tokens = seq.prompt_tokens, seq.cached_tokens
         seq.stats.prefill_total = len(rest)
         seq.state = {
             "detok": tokenizer.detokenizer,
