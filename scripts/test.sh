@@ -21,6 +21,17 @@ if ! python3 -m pip install -q -e '.[dev,mlx,transformers,cli]' >"$log" 2>&1; th
   cat "$log" >&2
   exit 1
 fi
+echo ">> Chromium (Debian's package: the chat page's browser test; Playwright drives it, no browser download)"
+if ! command -v chromium >/dev/null 2>&1; then
+  sudo=""
+  [[ "$(id -u)" -ne 0 ]] && sudo="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  if ! $sudo apt-get install -y -q chromium >"$log" 2>&1 \
+    && ! { $sudo apt-get update -q >"$log" 2>&1 && $sudo apt-get install -y -q chromium >"$log" 2>&1; }; then
+    cat "$log" >&2
+    exit 1
+  fi
+fi
 rm -f "$log"
 
 echo ">> real engines (built or downloaded once, then cached)"

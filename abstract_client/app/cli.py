@@ -347,6 +347,8 @@ def _gateway_config(args: argparse.Namespace) -> Any:
         config.max_body_bytes = int(args.max_body_mb * 2**20)
     if args.workers is not None:
         config.workers = args.workers
+    if args.ui:
+        config.ui = True
     config.log_level = args.log_level
     config.__post_init__()  # the command line's values are checked like the file's
     return config
@@ -408,6 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--admin-key-env", default=None, help="an environment variable holding the admin key (cancels any request)"
     )
     p.add_argument("--workers", type=int, default=None, help="processes sharing the port (HTTP lanes only)")
+    p.add_argument("--ui", action="store_true", help="serve a chat page with a Stop button at /")
     p.add_argument("--max-body-mb", type=float, default=None, help="largest request body in MiB (default 32): 413")
     p.add_argument("--log-level", default="info")
     p.set_defaults(fn=cmd_serve)

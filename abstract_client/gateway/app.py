@@ -19,14 +19,16 @@ import re
 import socket
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
+from importlib.resources import files
 from typing import Any
 
 import anyio
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
@@ -75,6 +77,8 @@ __all__ = [
     "whole_answer",
     "whole_generation",
 ]
+
+CHAT_PAGE = files(__package__).joinpath("chat.html").read_text(encoding="utf-8")  # --ui: served at "/"
 
 log = logging.getLogger("abstract_client.gateway")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -130,6 +134,8 @@ class Gateway:
         self.backends = {b.name: Backend(b) for b in config.backends}
         self.metrics = Metrics()
         self.flights: dict[str, Flight] = {}
+        # the latest stops, by request id (GET /v1/requests/{id}: what the chat page shows)
+        self.stop_records: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.loop: asyncio.AbstractEventLoop | None = None  # set at start-up (uvicorn's loop)
         self.peers: Peers | None = None  # the sibling workers, when there are several
 
@@ -163,6 +169,21 @@ class Gateway:
         seconds = time.perf_counter() - (flight.stop_seen_at or time.perf_counter())
         reason = flight.reason or "unknown"
         self.metrics.stopped(flight.backend.name, reason, seconds)
+        stats = getattr(flight.backend.llm.provider, "stats", None)  # in-process engines' own record
+        engine = stats(flight.request_id) if stats is not None else None
+        after = None
+        if engine is not None and engine.tokens_at_stop is not None:
+            after = engine.tokens - engine.tokens_at_stop
+        self.stop_records[flight.request_id] = {
+            "request_id": flight.request_id,
+            "owner": flight.owner,
+            "reason": reason,
+            "stop_to_engine_stopped_ms": seconds * 1000,
+            "generated_tokens": err.generated_tokens,
+            "tokens_after_stop": after,
+        }
+        while len(self.stop_records) > 1000:
+            self.stop_records.popitem(last=False)
         self.metrics.prompt(flight.backend.name, err.usage)
         if flight.span is not None:
             flight.span.add_event("engine_stopped", {"abstract_client.stop.chain_ms": seconds * 1000})
@@ -540,7 +561,7 @@ def create_app(config: GatewayConfig, *, peers: Peers | None = None) -> Starlett
         return Response(gateway.metrics.render(list(gateway.backends)), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def openapi(request: Request) -> Response:
-        return JSONResponse(openapi_document())
+        return JSONResponse(openapi_document(ui=config.ui))
 
     async def cancel(request: Request) -> Response:
         flight = gateway.flights.get(request.path_params["request_id"])
@@ -557,6 +578,19 @@ def create_app(config: GatewayConfig, *, peers: Peers | None = None) -> Starlett
             return JSONResponse(openai_error("no such request in flight", "invalid_request_error", "not_found"), 404)
         flight.stop("cancel_endpoint")
         return JSONResponse({"id": flight.request_id, "cancelled": True})
+
+    async def stop_record(request: Request) -> Response:
+        """What the gateway measured for a stopped request (its owner's key, or the admin's)."""
+        record = gateway.stop_records.get(request.path_params["request_id"])
+        state = request.scope["state"]
+        if record is None or not (state.get("admin") or record["owner"] == state.get("owner")):
+            return JSONResponse(
+                openai_error("no stop recorded for this request", "invalid_request_error", "not_found"), 404
+            )
+        return JSONResponse({k: v for k, v in record.items() if k != "owner"})
+
+    async def chat_page(request: Request) -> Response:
+        return HTMLResponse(CHAT_PAGE, headers={"Cache-Control": "no-store"})
 
     async def load_or_unload(request: Request) -> Response:
         state = request.scope["state"]
@@ -612,10 +646,13 @@ def create_app(config: GatewayConfig, *, peers: Peers | None = None) -> Starlett
         Route("/v1/models/load", load_or_unload, methods=["POST"]),
         Route("/v1/models/unload", load_or_unload, methods=["POST"]),
         Route("/v1/requests/{request_id}/cancel", cancel, methods=["POST"]),
+        Route("/v1/requests/{request_id}", stop_record, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
     ]
+    if config.ui:
+        routes.append(Route("/", chat_page, methods=["GET"]))
 
     async def http_error(request: Request, exc: Exception) -> Response:
         """Unknown routes and wrong methods answer like every other error: an OpenAI body."""
@@ -687,7 +724,8 @@ class RequestIdAndAuth:
             await send(message)
 
         accepted, owner, admin = self._owner(headers.get(b"authorization", b""))
-        if not accepted and scope.get("path") != "/health":
+        # the chat page itself is public (it asks for the key); its calls carry the key
+        if not accepted and scope.get("path") not in ("/health", "/"):
             await send_json(send_with_id, 401, openai_error("missing or wrong API key", "authentication_error"))
             return
         scope["state"].update(owner=owner, admin=admin, admin_required=self._admin is not None)

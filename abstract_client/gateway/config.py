@@ -70,6 +70,7 @@ class GatewayConfig:
     header_timeout: float = 10.0  # a request head not complete within this gets a 408 (slowloris)
     body_timeout: float = 30.0  # a request body not complete within this gets a 408
     workers: int = 1  # processes sharing the port (HTTP lanes only; see gateway/workers.py)
+    ui: bool = False  # serve the chat page (chat.html) at "/"
 
     def __post_init__(self) -> None:
         if not self.backends:
@@ -91,6 +92,7 @@ class GatewayConfig:
             _check(getattr(self, field_name), (int, float), field_name)
             if not getattr(self, field_name) > 0:
                 raise ConfigError(f"{field_name} must be > 0 seconds")
+        _check(self.ui, bool, "ui")
         _check(self.workers, int, "workers")
         if not 1 <= self.workers <= 64:
             raise ConfigError(f"workers must be between 1 and 64, not {self.workers}")
@@ -128,6 +130,7 @@ _SERVER_KEYS = {
     "workers",
     "header_timeout",
     "body_timeout",
+    "ui",
 }
 _BACKEND_KEYS = set(BackendConfig.__dataclass_fields__)
 

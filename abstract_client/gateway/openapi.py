@@ -107,7 +107,7 @@ def _json_ok(description: str, *, stream: bool = False) -> dict[str, Any]:
     return {"description": description, "content": content}
 
 
-def openapi_document() -> dict[str, Any]:
+def openapi_document(*, ui: bool = False) -> dict[str, Any]:
     chat = {
         "type": "object",
         "required": ["messages"],
@@ -137,7 +137,8 @@ def openapi_document() -> dict[str, Any]:
     }
     model_only = {"type": "object", "required": ["model"], "properties": {"model": {"type": "string"}}}
     get_ok = {"get": {"parameters": [_REQUEST_ID], "responses": {"200": _json_ok("ok"), **_ERRORS}}}
-    return {
+    path_id = {"name": "request_id", "in": "path", "required": True, "schema": {"type": "string"}}
+    document: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {
             "title": "abstract-client gateway",
@@ -156,10 +157,15 @@ def openapi_document() -> dict[str, Any]:
             "/v1/requests/{request_id}/cancel": {
                 "post": {
                     "summary": "stop a request in flight",
-                    "parameters": [
-                        {"name": "request_id", "in": "path", "required": True, "schema": {"type": "string"}}
-                    ],
+                    "parameters": [path_id],
                     "responses": {"200": _json_ok("stopped"), **_ERRORS},
+                }
+            },
+            "/v1/requests/{request_id}": {
+                "get": {
+                    "summary": "what the gateway measured for a stopped request",
+                    "parameters": [path_id],
+                    "responses": {"200": _json_ok("the stop's record"), **_ERRORS},
                 }
             },
             "/health": {"get": {"responses": {"200": _json_ok("alive")}}},
@@ -178,3 +184,7 @@ def openapi_document() -> dict[str, Any]:
         },
         "components": {"schemas": {"Error": _ERROR, "Message": _MESSAGE}},
     }
+    if ui:
+        page = {"description": "the chat page", "content": {"text/html": {"schema": {"type": "string"}}}}
+        document["paths"]["/"] = {"get": {"summary": "the chat page (--ui)", "responses": {"200": page}}}
+    return document
