@@ -22,17 +22,17 @@ from collections import OrderedDict
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import anyio
 
-from abstract_client.errors import ModelBusyError, ModelNotFoundError, ProviderAPIError
-from abstract_client.provider import CallContext, ModelInfo, Provider, UnloadReport
+from abstract_client.errors import ModelBusyError, ModelNotFoundError, NotSupportedError, ProviderAPIError
+from abstract_client.provider import CallContext, EmbeddingBatch, ModelInfo, Provider, UnloadReport
 from abstract_client.stopping._loop import loop_caller
 from abstract_client.stopping.token import StopToken
 from abstract_client.types import GenerationRequest, StreamChunk, Usage
 
-__all__ = ["END", "EngineProvider", "EngineThread", "Failure", "RequestStats"]
+__all__ = ["END", "EngineModel", "EngineProvider", "EngineStop", "EngineThread", "Failure", "RequestStats"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -163,14 +163,33 @@ class EngineThread:
                     log.exception("%s: exit hook failed", self.name)
 
 
+class EngineStop(Exception):
+    """Raised on the engine thread where a lane sees a request's stop flag (never leaves it)."""
+
+
+class EngineModel(Protocol):
+    """The loaded model as an engine provider sees it (``MLXModel``, ``HFModel``)."""
+
+    @property
+    def loaded(self) -> bool: ...
+
+    def ensure_loaded(self) -> tuple[Any, Any]: ...
+
+    def prompt_ids(self, request: GenerationRequest) -> list[int]: ...
+
+
 class EngineProvider(Provider):
     """What every in-process lane's provider shares: the engine thread, the per-request evidence,
     the async side of a stream (the worker emits chunks from the engine thread; the consumer
     awaits them; a consumer that leaves early sets the flag and drains, never returning while
     the worker still computes), and eject (never free under a running job).
 
-    A lane supplies ``_generate`` (one request, on the engine thread: emit chunks, raise nothing),
-    ``_load_on_thread`` and ``_unload_on_thread``; it may override ``_start`` (the MLX batch)."""
+    A lane sets ``handle`` (its :class:`EngineModel`) and supplies ``_generate`` (one request, on
+    the engine thread: emit chunks, raise nothing), ``_embed_on_thread`` and
+    ``_unload_on_thread``; it may override ``_start`` (the MLX batch)."""
+
+    handle: EngineModel
+    kind: str
 
     complete_over_stream = True  # non-streaming calls are assembled by the contract, chunk by chunk
     plain_route = False  # ... always: an engine has no other route
@@ -193,7 +212,7 @@ class EngineProvider(Provider):
             )
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # loaders treat an unknown path as a hub id
         super().__init__(model=str(path))
-        self.path = path
+        self.path, self.kind = path, kind
         self.thread = EngineThread(f"abstract-client-{self.name}:{path.name}", on_exit=on_exit)
         self._stats: OrderedDict[str, RequestStats] = OrderedDict()
         self._stats_lock = threading.Lock()
@@ -229,10 +248,16 @@ class EngineProvider(Provider):
     ) -> None:
         """One request on the engine thread: ``emit`` its chunks (or a :class:`Failure`)."""
 
-    @abc.abstractmethod
     def _load_on_thread(self) -> None:
         """Load the weights (on the engine thread). Returns nothing: a returned model would live
         on in whatever awaited it, and an eject could not free it."""
+        self.handle.ensure_loaded()
+
+    @abc.abstractmethod
+    def _embed_on_thread(
+        self, texts: list[str], token: StopToken, stats: RequestStats
+    ) -> tuple[list[list[float]], int]:
+        """``(vectors, input tokens)`` on the engine thread; the stop checked between inputs."""
 
     @abc.abstractmethod
     def _unload_on_thread(self) -> UnloadReport:
@@ -299,8 +324,23 @@ class EngineProvider(Provider):
         return [ModelInfo(id=str(self.model), loaded=self.loaded)]
 
     @property
-    @abc.abstractmethod
-    def loaded(self) -> bool: ...
+    def loaded(self) -> bool:
+        return self.handle.loaded
+
+    async def embed(
+        self, texts: list[str], ctx: CallContext, *, model: str | None, dimensions: int | None = None
+    ) -> EmbeddingBatch:
+        if dimensions is not None:
+            raise NotSupportedError(
+                f"{self.kind} embeddings have the model's hidden size: dimensions= is not supported"
+            )
+        stats = self.stats(ctx.request_id) or self._new_stats(ctx.request_id)
+        vectors, n_tokens = await self.thread.run(lambda: self._embed_on_thread(texts, ctx.token, stats))
+        return EmbeddingBatch(vectors=vectors, usage=Usage(prompt_tokens=n_tokens), model=self.path.name)
+
+    async def count_tokens(self, request: GenerationRequest) -> int:
+        """The model's own tokenizer (chat template with the generation prompt for messages)."""
+        return await self.thread.run(lambda: len(self.handle.prompt_ids(request)))
 
     async def load_model(self) -> None:
         await self.thread.run(self._load_on_thread)

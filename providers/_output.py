@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import json
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from abstract_client.errors import NotSupportedError
 from abstract_client.output.tags import TagSplitter
-from abstract_client.types import Message, StreamChunk, ToolCall, ToolCallDelta
+from abstract_client.types import Message, StreamChunk, ToolCall, ToolCallDelta, Usage
 
 
 def chat_messages(messages: list[Message], provider: str = "mlx") -> list[dict[str, Any]]:
@@ -48,7 +49,15 @@ def chat_messages(messages: list[Message], provider: str = "mlx") -> list[dict[s
 class OutputShaper:
     """Text pieces in; content, reasoning and whole tool calls out."""
 
-    def __init__(self, tokenizer: Any, *, prompt_ids: list[int], think: bool, tools: list[dict[str, Any]] | None):
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        prompt_ids: list[int],
+        think: bool,
+        tools: list[dict[str, Any]] | None,
+        first_usage: Usage | None = None,
+    ):
         start = getattr(tokenizer, "think_start", None) or "<think>"
         end = getattr(tokenizer, "think_end", None) or "</think>"
         opened: Any = getattr(tokenizer, "think_start_tokens", None)
@@ -61,8 +70,17 @@ class OutputShaper:
             self._tool_tags = TagSplitter(tokenizer.tool_call_start, tokenizer.tool_call_end)
         self._call_text: list[str] = []
         self._n_calls = 0
+        # the prompt's size (and a cache's share) rides on the first chunk out, so a stop's
+        # partial usage has it
+        self._first_usage = first_usage
 
     def feed(self, text: str, final: bool = False) -> list[StreamChunk]:
+        chunks = self._shape(text, final)
+        if chunks and self._first_usage is not None:
+            chunks[0], self._first_usage = replace(chunks[0], usage=self._first_usage), None
+        return chunks
+
+    def _shape(self, text: str, final: bool) -> list[StreamChunk]:
         content, reasoning = self._think.feed(text) if self._think else (text, "")
         if final and self._think is not None:
             c, r = self._think.flush()

@@ -32,18 +32,17 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import replace
 from typing import Any
 
 from abstract_client.errors import (
     NotSupportedError,
 )
 from abstract_client.output.stop_sequences import StopSequences
-from abstract_client.provider import CallContext, EmbeddingBatch, UnloadReport
+from abstract_client.provider import UnloadReport
 from abstract_client.stopping.token import StopToken
 from abstract_client.types import GenerationRequest, StreamChunk, Timings, Usage
 
-from ._engine import END, EngineProvider, Failure, RequestStats
+from ._engine import END, EngineProvider, EngineStop, Failure, RequestStats
 from ._mlx.batch import BatchEngine, Sequence, runs_alone
 from ._mlx.model import MLXModel
 from ._output import OutputShaper
@@ -51,12 +50,9 @@ from ._output import OutputShaper
 log = logging.getLogger(__name__)
 
 
-class _Stop(Exception):
-    """Raised inside the MLX thread when the request's stop flag is seen."""
-
-
 class MLXProvider(EngineProvider):
     name = "mlx"
+    handle: MLXModel
     default_embed_batch_size = 16
 
     def __init__(
@@ -89,10 +85,6 @@ class MLXProvider(EngineProvider):
         self.batch = (
             None if max_batch_size == 1 else BatchEngine(self.handle, self.thread, max_batch_size=max_batch_size)
         )
-
-    @property
-    def loaded(self) -> bool:
-        return self.handle.loaded
 
     # -- on the MLX thread --------------------------------------------------------------------------
 
@@ -129,7 +121,7 @@ class MLXProvider(EngineProvider):
                 stats.prefill_done, stats.prefill_total = done, total
                 if token.is_set:  # between prefill chunks: the only place prefill can stop
                     stats.stopped_in = "prefill"
-                    raise _Stop
+                    raise EngineStop
 
             if request.seed is not None:
                 mx.random.seed(request.seed)  # global RNG: requests run one at a time on this thread
@@ -145,6 +137,7 @@ class MLXProvider(EngineProvider):
                 prompt_ids=ids,
                 think=request.response_format is None and not request.raw,
                 tools=request.tools if request.tool_choice != "none" else None,
+                first_usage=Usage(prompt_tokens=len(ids), cached_tokens=cached),
             )
             gen = stream_generate(
                 model,
@@ -157,14 +150,11 @@ class MLXProvider(EngineProvider):
                 prompt_progress_callback=on_prefill,
                 prompt_cache=kv,
             )
-            # the prompt's size and what the cache served, on the first chunk: a stop's partial
-            # usage has them too
-            first_usage: Usage | None = Usage(prompt_tokens=len(ids), cached_tokens=cached)
             stops = StopSequences(request.stop)
             for resp in gen:
                 if token.is_set:  # before every sampled token is emitted
                     stats.stopped_in = "decode"
-                    raise _Stop
+                    raise EngineStop
                 stats.tokens += 1
                 handed_out.append(int(resp.token))
                 text = stops.feed(resp.text)  # the final EOS response carries no EOS text
@@ -172,8 +162,6 @@ class MLXProvider(EngineProvider):
                 if final:
                     text += stops.flush()
                 for piece in shaper.feed(text, final=final):
-                    if first_usage is not None:
-                        piece, first_usage = replace(piece, usage=first_usage), None
                     emit(piece)
                 if final:
                     emit(
@@ -187,7 +175,7 @@ class MLXProvider(EngineProvider):
                     )
                     stats.finished = True
                     break
-        except _Stop:
+        except EngineStop:
             stats.tokens_at_stop, stats.stopped_at = stats.tokens, time.perf_counter()
         except Exception as exc:  # a fresh record, never the exception: its traceback pins the model
             kv = None  # whatever failed, its KV is not kept
@@ -232,9 +220,6 @@ class MLXProvider(EngineProvider):
         mx.synchronize()
         return vectors, n_tokens
 
-    def _load_on_thread(self) -> None:
-        self.handle.ensure_loaded()
-
     def _unload_on_thread(self) -> UnloadReport:
         import mlx.core as mx
 
@@ -267,15 +252,6 @@ class MLXProvider(EngineProvider):
         self.batch.submit(Sequence(request, token, stats, emit, end=END))
         return None
 
-    async def embed(
-        self, texts: list[str], ctx: CallContext, *, model: str | None, dimensions: int | None = None
-    ) -> EmbeddingBatch:
-        if dimensions is not None:
-            raise NotSupportedError("MLX embeddings have the model's hidden size: dimensions= is not supported")
-        stats = self.stats(ctx.request_id) or self._new_stats(ctx.request_id)
-        vectors, n_tokens = await self.thread.run(lambda: self._embed_on_thread(texts, ctx.token, stats))
-        return EmbeddingBatch(vectors=vectors, usage=Usage(prompt_tokens=n_tokens), model=self.path.name)
-
     async def native_tools(self, request: GenerationRequest) -> bool:
         """The tokenizer's chat template has tool calling (mlx-lm's tool parsers read the calls);
         mlx-lm cannot force a call, so a forced one is carried as constrained output."""
@@ -286,14 +262,6 @@ class MLXProvider(EngineProvider):
             return bool(self.handle.ensure_loaded()[1].has_tool_calling)
 
         return await self.thread.run(has_tool_calling)
-
-    async def count_tokens(self, request: GenerationRequest) -> int:
-        """The model's own tokenizer (chat template with the generation prompt for messages)."""
-
-        def count() -> int:
-            return len(self.handle.prompt_ids(request))
-
-        return await self.thread.run(count)
 
 
 def _clear_streams() -> None:

@@ -25,15 +25,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 from abstract_client.output.stop_sequences import StopSequences
-from abstract_client.provider import CallContext, EmbeddingBatch, UnloadReport
+from abstract_client.provider import UnloadReport
 from abstract_client.stopping.token import StopToken
 from abstract_client.types import GenerationRequest, StreamChunk, Timings, Usage
 
-from ._engine import EngineProvider, Failure, RequestStats
+from ._engine import EngineProvider, EngineStop, Failure, RequestStats
 from ._hf.detok import Detokenizer
 from ._hf.model import HFModel, rss_bytes
 from ._hf.sampling import Sampler
@@ -44,12 +43,9 @@ __all__ = ["TransformersProvider"]
 log = logging.getLogger(__name__)
 
 
-class _Stop(Exception):
-    """Raised on the engine thread when the request's stop flag is seen."""
-
-
 class TransformersProvider(EngineProvider):
     name = "transformers"
+    handle: HFModel
     default_embed_batch_size = 16
 
     def __init__(
@@ -81,14 +77,7 @@ class TransformersProvider(EngineProvider):
         self._phase = "prefill"
         self.forward_passes = 0  # every forward pass the engine started (evidence for tests)
 
-    @property
-    def loaded(self) -> bool:
-        return self.handle.loaded
-
     # -- on the engine thread -----------------------------------------------------------------------
-
-    def _load_on_thread(self) -> None:
-        self.handle.ensure_loaded()
 
     def _install_hooks(self, model: Any) -> None:
         for layer in _decoder_layers(model):
@@ -98,7 +87,7 @@ class TransformersProvider(EngineProvider):
         """Before every decoder layer: the stop, inside a forward pass."""
         token = self._running
         if token is not None and token.is_set:
-            raise _Stop
+            raise EngineStop
 
     def _forward(self, ids: Any, cache: Any) -> Any:
         self.forward_passes += 1
@@ -111,7 +100,6 @@ class TransformersProvider(EngineProvider):
     ) -> None:
         if token.is_set:
             return
-        handed_out = 0
         try:
             import torch
             from transformers import DynamicCache
@@ -122,21 +110,21 @@ class TransformersProvider(EngineProvider):
             ids = handle.prompt_ids(request)
             extra = handle.extra(request)
             grammar = handle.grammar(request) if request.response_format is not None else None
-            sampler = Sampler(request, extra, grammar=grammar, device=handle.device)
+            sampler = Sampler(request, extra, prompt_ids=ids, grammar=grammar, device=handle.device)
             shaper = OutputShaper(
                 tokenizer,
                 prompt_ids=ids,
                 think=request.response_format is None and not request.raw,
                 tools=request.tools if request.tool_choice != "none" else None,
+                first_usage=Usage(prompt_tokens=len(ids)),
             )
             stops = StopSequences(request.stop)
             detok = Detokenizer(tokenizer)
             max_tokens = request.max_tokens or handle.default_max_tokens
             step = int(extra.get("prefill_step_size", handle.prefill_step_size))
-            history = torch.tensor(ids, device=handle.device)
+            prompt = torch.tensor(ids, device=handle.device)
             cache = DynamicCache(config=model.config)
             self._running = token
-            first_usage: Usage | None = Usage(prompt_tokens=len(ids))  # on the first chunk: a stop's usage has it
             t0 = time.perf_counter()
             with torch.inference_mode():
                 # prefill: every prompt token but the last, in chunks (the last one starts decode)
@@ -144,21 +132,21 @@ class TransformersProvider(EngineProvider):
                 stats.prefill_total, stats.prompt_tokens = len(ids) - 1, len(ids)
                 for start in range(0, len(ids) - 1, step):
                     if token.is_set:  # between prefill chunks
-                        raise _Stop
+                        raise EngineStop
                     end = min(start + step, len(ids) - 1)
-                    self._forward(history[start:end][None], cache)
+                    self._forward(prompt[start:end][None], cache)
                     stats.prefill_done = end
                 t_prefill = time.perf_counter()
                 self._phase = "decode"
-                last = history[-1:]
+                last = prompt[-1:]
                 finish: str | None = None
                 while finish is None:
                     if token.is_set:  # before every decode step
-                        raise _Stop
+                        raise EngineStop
                     logits = self._forward(last[None], cache).logits[0, -1]
-                    chosen = sampler.pick(logits, history)
+                    chosen = sampler.pick(logits)
                     if token.is_set:  # sampled under the flag: never counted, never handed out
-                        raise _Stop
+                        raise EngineStop
                     stats.tokens += 1
                     sampler.consumed(chosen)
                     eos = chosen in handle.eos_ids
@@ -169,12 +157,8 @@ class TransformersProvider(EngineProvider):
                             text += stops.feed(detok.flush())
                         text += stops.flush()
                     for piece in shaper.feed(text, final=finish is not None):
-                        if first_usage is not None:
-                            piece, first_usage = replace(piece, usage=first_usage), None
                         emit(piece)
-                        handed_out += 1
                     last = torch.tensor([chosen], device=handle.device)
-                    history = torch.cat([history, last])
             done = time.perf_counter()
             emit(
                 StreamChunk(
@@ -189,11 +173,11 @@ class TransformersProvider(EngineProvider):
                 )
             )
             stats.finished = True
-        except _Stop:
+        except EngineStop:
             stats.stopped_in = self._phase
             stats.tokens_at_stop, stats.stopped_at = stats.tokens, time.perf_counter()
         except Exception as exc:  # a fresh record, never the exception: its traceback pins tensors
-            log.debug("transformers generation failed after %d pieces", handed_out, exc_info=True)
+            log.debug("transformers generation failed after %d tokens", stats.tokens, exc_info=True)
             emit(Failure(type(exc).__name__, str(exc)))
         finally:
             self._running = None
@@ -237,26 +221,9 @@ class TransformersProvider(EngineProvider):
 
     # -- the async side -------------------------------------------------------------------------------
 
-    async def embed(
-        self, texts: list[str], ctx: CallContext, *, model: str | None, dimensions: int | None = None
-    ) -> EmbeddingBatch:
-        from abstract_client.errors import NotSupportedError
-
-        if dimensions is not None:
-            raise NotSupportedError(
-                "transformers embeddings have the model's hidden size: dimensions= is not supported"
-            )
-        stats = self.stats(ctx.request_id) or self._new_stats(ctx.request_id)
-        vectors, n_tokens = await self.thread.run(lambda: self._embed_on_thread(texts, ctx.token, stats))
-        return EmbeddingBatch(vectors=vectors, usage=Usage(prompt_tokens=n_tokens), model=self.path.name)
-
     async def native_tools(self, request: GenerationRequest) -> bool:
         """No tool-call parser here: a forced call is carried as schema-constrained output."""
         return False
-
-    async def count_tokens(self, request: GenerationRequest) -> int:
-        """The model's own tokenizer (chat template with the generation prompt for messages)."""
-        return await self.thread.run(lambda: len(self.handle.prompt_ids(request)))
 
 
 def _decoder_layers(model: Any) -> list[Any]:

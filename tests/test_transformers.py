@@ -198,10 +198,10 @@ def test_the_token_sampled_under_the_flag_is_never_counted(llm: LLM, monkeypatch
         event = threading.Event()
         picks = 0
 
-        def pick(self: Any, logits: Any, history: Any, n: int = n, event: threading.Event = event) -> int:
+        def pick(self: Any, logits: Any, n: int = n, event: threading.Event = event) -> int:
             nonlocal picks
             picks += 1
-            chosen = real(self, logits, history)
+            chosen = real(self, logits)
             if picks == n:
                 event.set()
             return chosen

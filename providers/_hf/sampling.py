@@ -13,7 +13,9 @@ __all__ = ["Sampler"]
 
 
 class Sampler:
-    def __init__(self, request: GenerationRequest, extra: dict[str, Any], *, grammar: Any, device: Any) -> None:
+    def __init__(
+        self, request: GenerationRequest, extra: dict[str, Any], *, prompt_ids: list[int], grammar: Any, device: Any
+    ) -> None:
         import torch
 
         self.temperature = float(request.temperature or 0.0)
@@ -24,6 +26,8 @@ class Sampler:
         self.bias = {int(k): float(v) for k, v in bias.items()} if bias else {}  # JSON keys are strings
         penalty = extra.get("repetition_penalty")
         self.penalty = float(penalty) if penalty is not None else None
+        # every token id so far (prompt + answer), kept only for the penalty that reads it
+        self.seen: list[int] | None = list(prompt_ids) if self.penalty is not None else None
         self.grammar = grammar
         self.generator = torch.Generator(device=device)
         if request.seed is not None:
@@ -31,16 +35,16 @@ class Sampler:
         else:
             self.generator.seed()
 
-    def pick(self, logits: Any, history: Any) -> int:
-        """``logits``: the last position's, shape ``(vocab,)``; ``history``: every token id so far
-        (prompt + answer), a 1-D tensor, for the repetition penalty."""
+    def pick(self, logits: Any) -> int:
+        """``logits``: the last position's, shape ``(vocab,)``."""
         import torch
 
         logits = logits.float()
         if self.bias:
             ids = torch.tensor(list(self.bias), device=logits.device)
             logits[ids] += torch.tensor(list(self.bias.values()), device=logits.device)
-        if self.penalty is not None and history.numel():
+        if self.penalty is not None and self.seen:
+            history = torch.tensor(self.seen, device=logits.device)
             seen = logits[history]
             logits[history] = torch.where(seen > 0, seen / self.penalty, seen * self.penalty)
         if self.grammar is not None:
@@ -61,5 +65,7 @@ class Sampler:
         return int(torch.multinomial(probs, 1, generator=self.generator))
 
     def consumed(self, token: int) -> None:
+        if self.seen is not None:
+            self.seen.append(token)
         if self.grammar is not None:
             self.grammar.consume(token)

@@ -68,7 +68,6 @@ class Sequence:
     prompt: list[int] = field(default_factory=list)
     handed_out: list[int] = field(default_factory=list)  # token ids counted and passed on
     decoding: bool = False
-    usage_sent: bool = False
     state: dict[str, Any] = field(default_factory=dict)
 
     def prompt_usage(self) -> Usage:
@@ -219,6 +218,7 @@ class BatchEngine:
                 prompt_ids=prompt,
                 think=not request.raw,
                 tools=request.tools if request.tool_choice != "none" else None,
+                first_usage=seq.prompt_usage(),
             ),
         }
         self._active[uid] = seq
@@ -260,8 +260,6 @@ class BatchEngine:
         if final:
             text += stops.flush()
         for piece in st["shaper"].feed(text, final=final):
-            if not seq.usage_sent:  # the prompt's size and the cache's share: a stop's partial usage has them
-                piece, seq.usage_sent = replace(piece, usage=seq.prompt_usage()), True
             seq.emit(piece)
         if not final:
             return
