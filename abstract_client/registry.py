@@ -30,6 +30,7 @@ _BUILTIN: dict[str, str] = {
     "lmstudio": "providers.lmstudio:LMStudioProvider",
     "mlx": "providers.mlx:MLXProvider",
     "transformers": "providers.transformers:TransformersProvider",
+    "gguf": "providers.gguf:GGUFProvider",
     "vllm": "providers.vllm:VLLMProvider",
     "remote": "providers.remote:RemoteProvider",
 }

@@ -26,7 +26,13 @@ from typing import Any, Protocol, TypeVar
 
 import anyio
 
-from abstract_client.errors import ModelBusyError, ModelNotFoundError, NotSupportedError, ProviderAPIError
+from abstract_client.errors import (
+    ContextOverflowError,
+    ModelBusyError,
+    ModelNotFoundError,
+    NotSupportedError,
+    ProviderAPIError,
+)
 from abstract_client.provider import CallContext, EmbeddingBatch, ModelInfo, Provider, UnloadReport
 from abstract_client.stopping._loop import loop_caller
 from abstract_client.stopping.token import StopToken
@@ -62,6 +68,8 @@ class Failure:
 
     kind: str
     message: str
+    n_prompt_tokens: int | None = None  # set (with n_ctx) for a prompt that does not fit: a ContextOverflowError
+    n_ctx: int | None = None
 
 
 class EngineThread:
@@ -191,6 +199,7 @@ class EngineProvider(Provider):
     handle: EngineModel
     kind: str
 
+    model_is_file = False  # the model is one file (GGUF), not a directory
     complete_over_stream = True  # non-streaming calls are assembled by the contract, chunk by chunk
     plain_route = False  # ... always: an engine has no other route
     in_process = True
@@ -198,15 +207,21 @@ class EngineProvider(Provider):
     def __init__(
         self, *, model: str | None, kind: str, weights: str, on_exit: Callable[[], object] | None = None
     ) -> None:
-        """``model``: a local directory with ``config.json`` and ``weights`` (a glob); ``kind``
-        names it in errors ("MLX", "Hugging Face")."""
+        """``model``: a local directory with ``config.json`` and ``weights`` (a glob), or, for a
+        lane whose ``model_is_file``, one file matching ``weights``; ``kind`` names it in errors
+        ("MLX", "Hugging Face", "GGUF")."""
+        what = f"a {weights} file" if self.model_is_file else f"a local {kind} model directory"
         if model is None:
-            raise ValueError(f"the {self.name} provider needs model=PATH (a local {kind} model directory)")
+            raise ValueError(f"the {self.name} provider needs model=PATH ({what})")
         path = Path(model).expanduser().resolve()
-        if not (path / "config.json").is_file() or not any(path.glob(weights)):
+        if self.model_is_file:
+            found = path.is_file() and path.match(weights)
+        else:
+            found = (path / "config.json").is_file() and any(path.glob(weights))
+            what += f" (config.json and {weights})"
+        if not found:
             raise ModelNotFoundError(
-                f"{path} is not a local {kind} model directory (config.json and {weights}); "
-                "abstract-client never downloads models from a hub",
+                f"{path} is not {what}; abstract-client never downloads models from a hub",
                 provider=self.name,
                 model=str(model),
             )
@@ -300,6 +315,14 @@ class EngineProvider(Provider):
                     ended = True
                     return
                 if isinstance(item, Failure):
+                    if item.n_ctx is not None:
+                        raise ContextOverflowError(
+                            item.message,
+                            n_prompt_tokens=item.n_prompt_tokens,
+                            n_ctx=item.n_ctx,
+                            provider=self.name,
+                            model=self.model,
+                        )
                     raise ProviderAPIError(
                         f"{self.name} engine failed: {item.kind}: {item.message}", provider=self.name
                     )

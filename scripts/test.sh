@@ -37,6 +37,8 @@ rm -f "$log"
 echo ">> real engines (built or downloaded once, then cached)"
 LLAMA_SERVER="$(bash scripts/get_llama_server.sh | tail -n 1)"
 export LLAMA_SERVER
+# the gguf lane's bindings, over the same llama.cpp build (no second compile)
+bash scripts/get_llama_cpp_python.sh >/dev/null
 python3 scripts/get_model.py >/dev/null          # SmolLM2 GGUF (llama-server)
 python3 scripts/get_model.py --mlx >/dev/null    # the same model as an MLX directory
 bash scripts/get_vllm.sh >/dev/null              # vLLM CPU venv + SmolLM2 in HF format

@@ -23,7 +23,7 @@ def test_prepare_works_from_an_installed_wheel(tmp_path: Path) -> None:
     run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(ROOT)], cwd=tmp_path)
     (wheel,) = dist.glob("abstract_client-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    for shipped in ("get_llama_server.sh", "get_vllm.sh", "gguf_to_hf.py"):
+    for shipped in ("get_llama_server.sh", "get_llama_cpp_python.sh", "get_vllm.sh", "gguf_to_hf.py"):
         assert f"abstract_client/app/engines/{shipped}" in names, names
     # A fresh venv outside the checkout; its dependencies come from this machine's site-packages
     # (the point is what the wheel ships, not re-downloading mlx), the package from the wheel.

@@ -184,6 +184,16 @@ def lane_transformers(n: int) -> list[Row]:
     return _lane_in_process("transformers", str(smollm2_hf()), n, prefill_step_size=128)
 
 
+def lane_gguf(n: int) -> list[Row]:
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError as exc:
+        raise _Skip("llama-cpp-python is not installed (scripts/get_llama_cpp_python.sh)") from exc
+    from .assets import smollm2_gguf
+
+    return _lane_in_process("gguf", str(smollm2_gguf()), n, n_batch=512)
+
+
 def _lane_in_process(lane: str, model: str, n: int, **options: Any) -> list[Row]:
     """An in-process lane: stop -> raise, stop -> engine idle, and the tokens counted after the
     engine saw the flag (its own counter: always 0)."""
@@ -252,7 +262,7 @@ def collect(lanes: str, n: int) -> list[Row]:
 
     def unknown(name: str) -> Callable[[], list[Row]]:
         def run() -> list[Row]:
-            raise _Skip(f"unknown lane {name!r} (lanes: fake, llamacpp, vllm, mlx, transformers)")
+            raise _Skip(f"unknown lane {name!r} (lanes: fake, llamacpp, vllm, mlx, transformers, gguf)")
 
         return run
 
@@ -270,6 +280,8 @@ def collect(lanes: str, n: int) -> list[Row]:
             runners.append(("mlx (real, in-process)", lambda: lane_mlx(max(1, n // 2))))
         elif name == "transformers":
             runners.append(("transformers (real, in-process)", lambda: lane_transformers(max(1, n // 2))))
+        elif name == "gguf":
+            runners.append(("gguf (real, in-process)", lambda: lane_gguf(max(1, n // 2))))
         else:
             runners.append((name, unknown(name)))
     rows: list[Row] = []

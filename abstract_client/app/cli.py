@@ -3,9 +3,9 @@
     abstract-client chat --provider llamacpp --base-url http://127.0.0.1:8080
     abstract-client generate --provider ollama --model llama3.2 "Why is the sky blue?"
     abstract-client models|load|unload --provider ...
-    abstract-client bench cancel [--lanes fake,llamacpp,vllm,mlx,transformers] [--json]
+    abstract-client bench cancel [--lanes fake,llamacpp,vllm,mlx,transformers,gguf] [--json]
     abstract-client demo                      # the README's main job (MLX + SmolLM2)
-    abstract-client prepare smollm2|llama-server|vllm
+    abstract-client prepare smollm2|llama-server|llama-cpp-python|vllm
 
 Ctrl-C while an answer streams stops that answer: the server is told (the connection is
 severed), the partial answer stays on screen marked as stopped, and the conversation goes on.
@@ -42,7 +42,7 @@ def _console(stderr: bool = False) -> Any:
 
 def _add_backend(p: argparse.ArgumentParser) -> None:
     p.add_argument("--provider", "-p", default="openai-compatible", choices=available_providers())
-    p.add_argument("--model", "-m", default=None, help="model name (a directory for mlx and transformers)")
+    p.add_argument("--model", "-m", default=None, help="model name (a directory for mlx and transformers, a .gguf file for gguf)")
     p.add_argument("--base-url", "-u", default=None, help="server URL (each provider has a default)")
     p.add_argument("--api-key", default=None)
     p.add_argument("--timeout", type=float, default=None, help="total deadline per answer, seconds")
@@ -387,7 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="an OpenAI-compatible gateway; a client's disconnect stops the generation")
     p.add_argument("--provider", "-p", default=None, choices=available_providers())
-    p.add_argument("--model", "-m", default=None, help="model name (a directory for mlx and transformers)")
+    p.add_argument("--model", "-m", default=None, help="model name (a directory for mlx and transformers, a .gguf file for gguf)")
     p.add_argument("--base-url", "-u", default=None, help="the backend's URL (each provider has a default)")
     p.add_argument("--name", default=None, help="the model name clients use (default: --model, or the provider)")
     p.add_argument(
@@ -420,8 +420,8 @@ def build_parser() -> argparse.ArgumentParser:
     b = bench.add_parser("cancel", help="stop → raise latency and server evidence, per lane (docs/cancellation.md)")
     b.add_argument(
         "--lanes",
-        default="fake,llamacpp,vllm,mlx,transformers",
-        help="comma-separated: fake, llamacpp, vllm, mlx, transformers (unavailable lanes are listed as skipped)",
+        default="fake,llamacpp,vllm,mlx,transformers,gguf",
+        help="comma-separated: fake, llamacpp, vllm, mlx, transformers, gguf (unavailable lanes are listed as skipped)",
     )
     b.add_argument("-n", type=int, default=10, help="stops per case")
     b.add_argument("--json", action="store_true")
@@ -431,7 +431,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=_guard(cmd_demo))
 
     p = sub.add_parser("prepare", help="build or fetch a real engine or model (progress bar; cached)")
-    p.add_argument("what", choices=["smollm2", "smollm2-mlx", "smollm2-hf", "llama-server", "vllm"])
+    p.add_argument("what", choices=["smollm2", "smollm2-mlx", "smollm2-hf", "llama-server", "llama-cpp-python", "vllm"])
     p.set_defaults(fn=_guard(cmd_prepare))
     return parser
 

@@ -36,6 +36,8 @@ def prepare(what: str) -> Path:
         return smollm2_hf()
     if what == "llama-server":
         return _run_with_progress(["bash", str(_script("get_llama_server.sh"))], "building llama-server")
+    if what == "llama-cpp-python":  # the gguf lane's bindings, over llama-server's build
+        return _run_with_progress(["bash", str(_script("get_llama_cpp_python.sh"))], "llama-cpp-python")
     if what == "vllm":
         return _run_with_progress(["bash", str(_script("get_vllm.sh"))], "preparing the vLLM CPU venv")
     raise ValueError(f"unknown target {what!r}")

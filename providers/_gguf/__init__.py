@@ -1,0 +1,1 @@
+"""Engine pieces of the in-process GGUF lane (llama-cpp-python)."""
