@@ -24,6 +24,7 @@ from .errors import (
     ServerUnavailableError,
     TransportError,
 )
+from .fleet import Fleet
 from .llm import LLM, GenerateOptions
 from .output.history import continue_after
 from .output.structured import function_tool
@@ -63,6 +64,7 @@ __all__ = [
     "ContextOverflowError",
     "EmbeddingBatch",
     "EmbeddingResult",
+    "Fleet",
     "GenerateResult",
     "GenerationCancelledError",
     "GenerationRequest",

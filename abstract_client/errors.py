@@ -52,6 +52,7 @@ class AbstractClientError(Exception):
         self.provider: str | None = context.pop("provider", None)
         self.model: str | None = context.pop("model", None)
         self.request_id: str | None = context.pop("request_id", None)
+        self.member: str | None = context.pop("member", None)  # a Fleet call: the member it failed on
         # Embedding calls: the vectors finished before the error, in input order; they cover
         # the first ``len(partial_embeddings)`` inputs. None for generations.
         self.partial_embeddings: list[list[float]] | None = context.pop("partial_embeddings", None)

@@ -165,6 +165,10 @@ class Provider(abc.ABC):
         """Embed one batch (the contract does the batching, the stop between batches, retries)."""
         raise NotSupportedError(f"{self.name} has no embeddings route", provider=self.name)
 
+    def served_by(self, request_id: str) -> str | None:
+        """Which member served (or last tried) the call: a fleet's answer; None elsewhere."""
+        return None
+
     def usage_at_stop(self, request_id: str) -> Usage | None:
         """An in-process engine's own usage for a stopped request (prompt tokens, tokens it
         sampled), or None: the contract then reports what the stream delivered."""

@@ -35,6 +35,17 @@ _BUILTIN: dict[str, str] = {
     "remote": "providers.remote:RemoteProvider",
 }
 _registered: dict[str, Callable[..., Provider]] = {}
+_FLEET_OPTIONS = (
+    "policy",
+    "hedge_after",
+    "max_attempts",
+    "weights",
+    "failure_threshold",
+    "failure_window",
+    "cooldown",
+    "max_cooldown",
+    "probe_timeout",
+)
 
 
 def register_provider(name: str, factory: Callable[..., Provider]) -> None:
@@ -75,14 +86,27 @@ def create_llm(
     provider: str,
     model: str | None = None,
     *,
-    base_url: str | None = None,
+    base_url: str | list[str] | None = None,
     api_key: str | None = None,
     timeout: Timeout | float | None = None,
     max_retries: int = 2,
     **options: Any,
 ) -> LLM:
-    """Create an :class:`LLM` for ``provider`` (e.g. ``"llamacpp"``, ``"ollama"``, ``"mlx"``)."""
+    """Create an :class:`LLM` for ``provider`` (e.g. ``"llamacpp"``, ``"ollama"``, ``"mlx"``).
+
+    ``base_url`` may be a list: the same model on several replicas, as one :class:`Fleet`
+    (``policy=``, ``hedge_after=``, ``max_attempts=``, ``weights=`` and the health options go to
+    the fleet, the rest to every member)."""
     factory = _factory(provider)
     coerced = Timeout.coerce(timeout)
+    if isinstance(base_url, (list, tuple)):
+        from .fleet import Fleet
+
+        fleet_options = {k: options.pop(k) for k in list(options) if k in _FLEET_OPTIONS}
+        members = [
+            create_llm(provider, model, base_url=url, api_key=api_key, timeout=timeout, max_retries=0, **options)
+            for url in base_url
+        ]
+        return Fleet(members, timeout=coerced, **fleet_options)
     instance = factory(model=model, base_url=base_url, api_key=api_key, connect_timeout=coerced.connect, **options)
     return LLM(instance, timeout=coerced, max_retries=max_retries)

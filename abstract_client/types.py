@@ -144,6 +144,7 @@ class GenerateResult:
     tool_calls: list[ToolCall] = field(default_factory=list)
     parsed: Any = None  # the validated object (pydantic model) or dict, with response_format
     reasoning: str | None = None
+    member: str | None = None  # a Fleet's answer: the member that served it
 
 
 @dataclass(frozen=True, slots=True)

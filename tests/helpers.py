@@ -158,3 +158,4 @@ def needs_module(name: str, extra: str) -> pytest.MarkDecorator:
 
 needs_mlx = needs_module("mlx.core", "mlx")
 needs_transformers = needs_module("transformers", "transformers")
+needs_gguf = needs_module("llama_cpp", "gguf")

@@ -21,7 +21,7 @@ from abstract_client.gateway import BackendConfig, GatewayConfig
 from abstract_client.testing.gateway import GatewayProcess, InProcessGateway
 from abstract_client.testing.processes import LlamaServer
 
-from .helpers import launch_llama_server, needs_mlx, needs_transformers, wait_until
+from .helpers import launch_llama_server, needs_gguf, needs_mlx, needs_transformers, wait_until
 from .test_llamacpp_real import CAPITAL, assert_server_stopped
 
 STORY = [
@@ -193,6 +193,29 @@ def test_disconnect_stops_in_process_transformers() -> None:
             timeout=120,
         )
         assert answer.status_code == 200 and "Paris" in answer.json()["choices"][0]["message"]["content"]
+
+
+@needs_gguf
+def test_disconnect_stops_in_process_gguf() -> None:
+    from abstract_client.app.assets import smollm2_gguf
+    from providers.gguf import GGUFProvider
+
+    config = GatewayConfig(
+        backends=[BackendConfig(name="smol-gguf", provider="gguf", model=str(smollm2_gguf()), options={"n_ctx": 4096})]
+    )
+    with InProcessGateway(config) as gw:
+        provider = gw.gateway.backends["smol-gguf"].llm.provider
+        assert isinstance(provider, GGUFProvider)
+        body = {"model": "smol-gguf", "messages": STORY, "max_tokens": 2000, "stream": True, "logit_bias": {2: -1e9}}
+        assert_engine_stopped_in_decode(provider, "gguf-1", disconnect_after_chunks(gw, body, "gguf-1"))
+        assert wait_until(lambda: gw.gateway.metrics.stops[("smol-gguf", "client_disconnect")] == 1)
+        answer = httpx.post(
+            gw.url + "/v1/chat/completions",
+            json={"model": "smol-gguf", "messages": CAPITAL, "max_tokens": 12},
+            timeout=120,
+        )
+        assert answer.status_code == 200 and "Paris" in answer.json()["choices"][0]["message"]["content"]
+        assert answer.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0  # the context kept its KV
 
 
 @pytest.mark.llamacpp

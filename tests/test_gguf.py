@@ -32,9 +32,9 @@ from .helpers import launch_llama_server, stream_in_threads, wait_until
 
 if os.environ.get("ABSTRACT_CLIENT_REQUIRE_ENGINES") != "1" and importlib.util.find_spec("llama_cpp") is None:
     pytest.skip("llama-cpp-python is missing: scripts/get_llama_cpp_python.sh", allow_module_level=True)
-from providers._gguf import model as gguf_model  # noqa: E402
-from providers._gguf.model import import_llama_cpp  # noqa: E402
-from providers.gguf import GGUFProvider  # noqa: E402
+from providers._gguf import model as gguf_model
+from providers._gguf.model import import_llama_cpp
+from providers.gguf import GGUFProvider
 
 import_llama_cpp()  # a missing engine fails here, with the reason, under the test command
 
@@ -292,7 +292,9 @@ def test_seed_stop_strings_json_embeddings(llm: LLM) -> None:
     assert batch.usage is not None and (batch.usage.prompt_tokens or 0) >= 3
 
 
-def test_eject_during_generation_frees_the_memory_and_reloads(model_path: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_eject_during_generation_frees_the_memory_and_reloads(
+    model_path: str, caplog: pytest.LogCaptureFixture
+) -> None:
     llm = create_llm("gguf", model_path, n_ctx=8192)
     llm.load_model()
     p = provider(llm)
@@ -308,7 +310,11 @@ def test_eject_during_generation_frees_the_memory_and_reloads(model_path: str, c
     assert report.stopped_requests == 2 and not p.loaded
     assert baseline is not None and report.memory_before is not None and report.memory_after is not None
     assert report.memory_before - baseline > 60 * 2**20  # weights (mapped) and the 8k context's KV
-    assert report.memory_after < baseline + 25 * 2**20, (baseline >> 20, report.memory_before >> 20, report.memory_after >> 20)
+    assert report.memory_after < baseline + 25 * 2**20, (
+        baseline >> 20,
+        report.memory_before >> 20,
+        report.memory_after >> 20,
+    )
     caplog.set_level(logging.WARNING)
     assert "Paris" in llm.generate(messages=CAPITAL, max_tokens=20, temperature=0).content  # type: ignore[arg-type]
     assert "reloading" in caplog.text

@@ -185,10 +185,10 @@ def lane_transformers(n: int) -> list[Row]:
 
 
 def lane_gguf(n: int) -> list[Row]:
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError as exc:
-        raise _Skip("llama-cpp-python is not installed (scripts/get_llama_cpp_python.sh)") from exc
+    import importlib.util
+
+    if importlib.util.find_spec("llama_cpp") is None:  # found, not imported: the lane finds its library
+        raise _Skip("llama-cpp-python is not installed (abstract-client prepare llama-cpp-python)")
     from .assets import smollm2_gguf
 
     return _lane_in_process("gguf", str(smollm2_gguf()), n, n_batch=512)

@@ -42,7 +42,9 @@ def _console(stderr: bool = False) -> Any:
 
 def _add_backend(p: argparse.ArgumentParser) -> None:
     p.add_argument("--provider", "-p", default="openai-compatible", choices=available_providers())
-    p.add_argument("--model", "-m", default=None, help="model name (a directory for mlx and transformers, a .gguf file for gguf)")
+    p.add_argument(
+        "--model", "-m", default=None, help="model name (mlx, transformers: a directory; gguf: a .gguf file)"
+    )
     p.add_argument("--base-url", "-u", default=None, help="server URL (each provider has a default)")
     p.add_argument("--api-key", default=None)
     p.add_argument("--timeout", type=float, default=None, help="total deadline per answer, seconds")
@@ -387,7 +389,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="an OpenAI-compatible gateway; a client's disconnect stops the generation")
     p.add_argument("--provider", "-p", default=None, choices=available_providers())
-    p.add_argument("--model", "-m", default=None, help="model name (a directory for mlx and transformers, a .gguf file for gguf)")
+    p.add_argument(
+        "--model", "-m", default=None, help="model name (mlx, transformers: a directory; gguf: a .gguf file)"
+    )
     p.add_argument("--base-url", "-u", default=None, help="the backend's URL (each provider has a default)")
     p.add_argument("--name", default=None, help="the model name clients use (default: --model, or the provider)")
     p.add_argument(

@@ -149,6 +149,7 @@ def result_of(call: Call, raw: Any = None) -> GenerateResult:
         tool_calls=list(p.tool_calls),
         parsed=p.parsed,
         reasoning=p.reasoning or None,
+        member=call.provider.served_by(call.request_id),
     )
 
 

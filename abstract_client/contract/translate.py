@@ -76,6 +76,7 @@ def attach(call: Call, err: AbstractClientError) -> AbstractClientError:
     err.provider = err.provider or call.provider.name
     err.model = err.model or progress.model or call.wire_request.model
     err.request_id = err.request_id or call.request_id
+    err.member = err.member or call.provider.served_by(call.request_id)
     err.partial_reasoning = err.partial_reasoning or progress.reasoning
     if progress.tools or progress.fallback is not None:
         err.tool_calls = err.tool_calls or progress.complete_tool_calls()

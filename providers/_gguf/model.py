@@ -72,7 +72,28 @@ def import_llama_cpp() -> Any:
             "(or scripts/get_llama_cpp_python.sh, which reuses llama-server's llama.cpp build)",
             provider="gguf",
         ) from exc
+    _route_logs(llama_cpp)
     return llama_cpp
+
+
+_log_callback: Any = None
+_engine_log = logging.getLogger("providers.gguf.llama_cpp")
+
+
+def _route_logs(llama_cpp: Any) -> None:
+    """llama.cpp's own log lines go to stdlib logging (errors at WARNING, the rest at DEBUG),
+    never straight to stderr: an aborted evaluation logs a line per stop."""
+    global _log_callback
+    if _log_callback is not None:
+        return
+
+    def on_log(level: int, text: bytes, user_data: Any) -> None:
+        _engine_log.log(
+            logging.WARNING if level == 3 else logging.DEBUG, "%s", text.decode("utf-8", "replace").rstrip()
+        )
+
+    _log_callback = llama_cpp.llama_log_callback(on_log)  # kept: a collected callback would dangle
+    llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
 
 
 _strlen: Any = None
@@ -280,7 +301,7 @@ class GGUFModel:
         from llama_cpp.llama_grammar import LlamaGrammar
 
         llm = self.llm
-        chain = _internals.LlamaSampler()
+        chain: Any = _internals.LlamaSampler()  # type: ignore[no-untyped-call]
         penalty = extra.get("repetition_penalty")
         if penalty is not None:
             chain.add_penalties(

@@ -1,0 +1,59 @@
+"""One member of a fleet: an ``LLM`` (any lane), its name, weight, health and live counters."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .health import HealthPolicy, MemberHealth
+
+if TYPE_CHECKING:
+    from ..llm import LLM
+
+__all__ = ["Member"]
+
+
+@dataclass(eq=False)
+class Member:
+    name: str
+    llm: LLM
+    weight: float = 1.0
+    health: MemberHealth = field(default_factory=MemberHealth)
+    in_flight: int = 0
+    served: int = 0  # attempts that produced the answer the caller got
+    failed: int = 0  # attempts that failed in a way counted against the member
+    stopped: int = 0  # attempts stopped (the caller's stop, a lost hedge, an eject): never failures
+    hedges_sent: int = 0  # hedged attempts started on this member
+    hedges_won: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @classmethod
+    def of(cls, name: str, llm: LLM, weight: float, policy: HealthPolicy) -> Member:
+        if weight <= 0:
+            raise ValueError(f"member {name!r}: weight must be > 0")
+        return cls(name=name, llm=llm, weight=weight, health=MemberHealth(policy))
+
+    def count(self, attr: str, delta: int = 1) -> None:
+        with self._lock:
+            setattr(self, attr, getattr(self, attr) + delta)
+
+    def snapshot(self) -> dict[str, Any]:
+        h = self.health
+        import time
+
+        left = max(0.0, h.cooldown_until - time.monotonic())
+        return {
+            "name": self.name,
+            "provider": self.llm.provider.name,
+            "state": h.state,
+            "in_flight": self.in_flight,
+            "served": self.served,
+            "failed": self.failed,
+            "stopped": self.stopped,
+            "cooldowns": h.cooldowns,
+            "cooldown_left_s": round(left, 3),
+            "hedges_sent": self.hedges_sent,
+            "hedges_won": self.hedges_won,
+            "weight": self.weight,
+        }

@@ -1,0 +1,78 @@
+"""Which member serves the next call.
+
+* ``least_loaded`` (default): the fewest calls in flight; ties go round robin.
+* ``round_robin``: each member in turn.
+* ``weighted``: smooth weighted round robin (nginx's): member i serves ``w_i / Σw`` of the calls,
+  interleaved rather than in bursts.
+* ``affinity``: a conversation sticks to one member, so its KV cache (llama-server's prompt
+  cache, vLLM's prefix cache) is reused: the key is the call's ``session=`` or, without one, its
+  opening (the system message and the first user message); the member is chosen by rendezvous
+  hashing, so a member that leaves moves only its own conversations.
+
+Members in cooldown are skipped; if every candidate is cooling down, none is chosen.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Literal
+
+from ..types import GenerationRequest
+
+if TYPE_CHECKING:
+    from .member import Member
+
+__all__ = ["POLICIES", "Policy", "Router", "affinity_key"]
+
+Policy = Literal["least_loaded", "round_robin", "weighted", "affinity"]
+POLICIES: tuple[Policy, ...] = ("least_loaded", "round_robin", "weighted", "affinity")
+
+
+def affinity_key(request: GenerationRequest, session: str | None) -> str:
+    if session is not None:
+        return "session:" + session
+    opening = []
+    for message in request.messages:
+        content = message.get("content")
+        opening.append(f"{message.get('role')}:{content if isinstance(content, str) else repr(content)}")
+        if message.get("role") == "user":
+            break
+    return "prefix:" + "\n".join(opening)
+
+
+def _score(key: str, member: str) -> int:
+    return int.from_bytes(hashlib.blake2b(f"{key}\0{member}".encode(), digest_size=8).digest(), "big")
+
+
+class Router:
+    def __init__(self, policy: Policy) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(POLICIES)}, not {policy!r}")
+        self.policy = policy
+        self._lock = threading.Lock()
+        self._next = 0
+        self._current: dict[str, float] = {}  # smooth weighted round robin's running weights
+
+    def pick(self, members: Sequence[Member], key: str | None) -> Member | None:
+        """The member for the next attempt among ``members`` (already filtered: not cooling,
+        not tried yet); None if there is none."""
+        if not members:
+            return None
+        with self._lock:
+            if self.policy == "affinity" and key is not None:
+                return max(members, key=lambda m: _score(key, m.name))
+            if self.policy == "weighted":
+                total = sum(m.weight for m in members)
+                for m in members:
+                    self._current[m.name] = self._current.get(m.name, 0.0) + m.weight
+                chosen = max(members, key=lambda m: self._current[m.name])
+                self._current[chosen.name] -= total
+                return chosen
+            start = self._next
+            self._next += 1
+            ordered = [members[(start + i) % len(members)] for i in range(len(members))]
+            if self.policy == "least_loaded":
+                return min(ordered, key=lambda m: m.in_flight)  # min keeps the first of equals
+            return ordered[0]
