@@ -35,6 +35,7 @@ from starlette.types import Message, Receive, Scope, Send
 from .. import telemetry
 from ..errors import GenerationCancelledError
 from ..llm import LLM
+from ..fleet import Fleet
 from ..registry import create_llm, runs_in_process
 from ..stopping.abort import AbortController
 from ..types import GenerateResult
@@ -558,7 +559,10 @@ def create_app(config: GatewayConfig, *, peers: Peers | None = None) -> Starlett
     async def metrics(request: Request) -> Response:
         from prometheus_client import CONTENT_TYPE_LATEST
 
-        return Response(gateway.metrics.render(list(gateway.backends)), headers={"Content-Type": CONTENT_TYPE_LATEST})
+        fleets = {name: b.llm.status() for name, b in gateway.backends.items() if isinstance(b.llm, Fleet)}
+        return Response(
+            gateway.metrics.render(list(gateway.backends), fleets), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
 
     async def openapi(request: Request) -> Response:
         return JSONResponse(openapi_document(ui=config.ui))

@@ -37,7 +37,7 @@ class BackendConfig:
     name: str
     provider: str
     model: str | None = None
-    base_url: str | None = None
+    base_url: str | list[str] | None = None  # several: the same model on replicas, served as one Fleet
     options: dict[str, Any] = field(default_factory=dict)
     max_concurrent: int = 4  # generations running at once on this backend
     queue_timeout: float = 30.0  # seconds a request may wait for a slot before a 503
@@ -46,9 +46,13 @@ class BackendConfig:
         where = f"backend {self.name!r}"
         _check(self.name, str, f"{where}: name")
         _check(self.provider, str, f"{where}: provider")
-        for key in ("model", "base_url"):
-            if getattr(self, key) is not None:
-                _check(getattr(self, key), str, f"{where}: {key}")
+        if self.model is not None:
+            _check(self.model, str, f"{where}: model")
+        if isinstance(self.base_url, list):
+            if not self.base_url or not all(isinstance(u, str) for u in self.base_url):
+                raise ConfigError(f"{where}: base_url must be a URL or a non-empty list of URLs")
+        elif self.base_url is not None:
+            _check(self.base_url, str, f"{where}: base_url")
         _check(self.options, dict, f"{where}: options")
         _check(self.max_concurrent, int, f"{where}: max_concurrent")
         _check(self.queue_timeout, (int, float), f"{where}: queue_timeout")

@@ -62,16 +62,17 @@ class Metrics:
         with self._lock:
             self.rejected[backend] += 1
 
-    def render(self, backends: list[str]) -> str:
+    def render(self, backends: list[str], fleets: dict[str, dict[str, Any]] | None = None) -> str:
         """The Prometheus text exposition format, written by ``prometheus_client`` (label values
-        escaped: a backend may be named anything)."""
+        escaped: a backend may be named anything). ``fleets``: the ``Fleet.status()`` of each
+        backend served by several members."""
         from prometheus_client import CollectorRegistry, generate_latest
 
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(_Snapshot(self, backends))
+        registry.register(_Snapshot(self, backends, fleets or {}))
         return generate_latest(registry).decode()
 
-    def families(self, backends: list[str]) -> list[Any]:
+    def families(self, backends: list[str], fleets: dict[str, dict[str, Any]] | None = None) -> list[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
         with self._lock:
@@ -105,14 +106,40 @@ class Metrics:
             )
             cumulative = [(str(bound), n) for bound, n in zip(BUCKETS, self._buckets, strict=True)]
             chain.add_metric([], [*cumulative, ("+Inf", self._count)], sum_value=self._sum)
-        return [running, requests, stops, rejected, prompt, cached, chain]
+        return [running, requests, stops, rejected, prompt, cached, chain, *fleet_families(fleets or {})]
+
+
+def fleet_families(fleets: dict[str, dict[str, Any]]) -> list[Any]:
+    """Per fleet member: calls in flight, healthy or not, attempts served/failed/stopped, cooldowns;
+    per fleet: hedges sent and won."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    labels = ["backend", "member"]
+    in_flight = GaugeMetricFamily(f"{PREFIX}_fleet_member_in_flight", "Fleet member: calls in flight", labels=labels)
+    healthy = GaugeMetricFamily(
+        f"{PREFIX}_fleet_member_healthy", "Fleet member: 1 healthy, 0 cooling down or awaiting a probe", labels=labels
+    )
+    counters = {
+        key: CounterMetricFamily(f"{PREFIX}_fleet_member_{key}", f"Fleet member: attempts {key}", labels=labels)
+        for key in ("served", "failed", "stopped", "cooldowns")
+    }
+    hedges = CounterMetricFamily(f"{PREFIX}_fleet_hedges", "Hedged attempts", labels=["backend", "outcome"])
+    for backend, status in sorted(fleets.items()):
+        for m in status["members"]:
+            in_flight.add_metric([backend, m["name"]], m["in_flight"])
+            healthy.add_metric([backend, m["name"]], 1 if m["state"] == "healthy" else 0)
+            for key, family in counters.items():
+                family.add_metric([backend, m["name"]], m[key])
+        hedges.add_metric([backend, "sent"], status["hedges_sent"])
+        hedges.add_metric([backend, "won"], status["hedges_won"])
+    return [in_flight, healthy, *counters.values(), hedges] if fleets else []
 
 
 class _Snapshot:
     """A ``prometheus_client`` collector over the counts above (read under their lock)."""
 
-    def __init__(self, metrics: Metrics, backends: list[str]) -> None:
-        self._metrics, self._backends = metrics, backends
+    def __init__(self, metrics: Metrics, backends: list[str], fleets: dict[str, dict[str, Any]]) -> None:
+        self._metrics, self._backends, self._fleets = metrics, backends, fleets
 
     def collect(self) -> Iterator[Any]:
-        yield from self._metrics.families(self._backends)
+        yield from self._metrics.families(self._backends, self._fleets)

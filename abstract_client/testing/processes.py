@@ -71,6 +71,12 @@ class ServerProcess:
             self.proc.kill()
             self.proc.wait(5)
 
+    def kill(self) -> None:
+        """``kill -9``: the server dies mid-whatever, its connections reset."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+
     def __enter__(self) -> ServerProcess:
         return self
 
