@@ -89,7 +89,7 @@ def test_affinity_keeps_a_conversation_on_one_member(servers: list[FakeOpenAISer
 
 
 def test_failover_before_the_first_byte(servers: list[FakeOpenAIServer]) -> None:
-    a, b, c = servers
+    a, b, _ = servers
     with fleet_of(servers, policy="round_robin", max_attempts=3) as fleet:
         a.stop()  # connection refused
         b.behavior.fault = "loading_503"
@@ -114,7 +114,6 @@ def test_failover_before_the_first_byte(servers: list[FakeOpenAIServer]) -> None
 
 
 def test_a_member_dying_mid_answer_is_a_typed_error_never_a_replay(servers: list[FakeOpenAIServer]) -> None:
-    a, b, c = servers
     for s in servers:
         s.behavior.fault, s.behavior.fail_after_tokens = "drop", 3
     with fleet_of(servers, max_attempts=3) as fleet:

@@ -3,6 +3,7 @@ their ``cancel task`` log lines, their slots, the cached-token counts they repor
 
 from __future__ import annotations
 
+import itertools
 import re
 import threading
 import time
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from abstract_client import Fleet, GenerationCancelledError, GenerateResult, TransportError, create_llm
+from abstract_client import Fleet, GenerateResult, GenerationCancelledError, TransportError, create_llm
 from abstract_client.testing.processes import LlamaServer
 
 from .helpers import launch_llama_server, wait_until
@@ -67,7 +68,7 @@ def test_affinity_reuses_the_members_cached_prompt(replicas: list[LlamaServer]) 
         moved = converse(fleet, "You are a history teacher who also knows rivers. Answer in one sentence.")
     assert len({r.member for r in sticky}) == 1
     assert len({r.member for r in moved}) == 3
-    for before, after in zip(sticky, sticky[1:], strict=False):
+    for before, after in itertools.pairwise(sticky):
         assert after.usage is not None and before.usage is not None
         # the previous turn's whole prompt came from the member's cache
         assert (after.usage.cached_tokens or 0) >= (before.usage.prompt_tokens or 0) - 1, (before.usage, after.usage)

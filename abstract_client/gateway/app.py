@@ -34,8 +34,8 @@ from starlette.types import Message, Receive, Scope, Send
 
 from .. import telemetry
 from ..errors import GenerationCancelledError
-from ..llm import LLM
 from ..fleet import Fleet
+from ..llm import LLM
 from ..registry import create_llm, runs_in_process
 from ..stopping.abort import AbortController
 from ..types import GenerateResult
