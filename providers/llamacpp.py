@@ -48,6 +48,13 @@ class LlamaCppProvider(OpenAICompatibleProvider):
         self._router: bool | None = None
         self._tool_calls: bool | None = None
 
+    def call_headers(self, ctx: CallContext) -> dict[str, str] | None:
+        # llama-server closes the connection right after a streamed answer (its Keep-Alive
+        # header notwithstanding): a pooled connection reused before that FIN arrives fails
+        # with "Server disconnected without sending a response". So every call says it will
+        # close; the next one connects afresh (a loopback connect: ~0.1 ms).
+        return {"Connection": "close"}
+
     async def native_tools(self, request: GenerationRequest) -> bool:
         """The model's chat template supports tool calls (``/props`` ``chat_template_caps``,
         which needs ``--jinja``); the server silently ignores ``tools`` otherwise."""
@@ -76,7 +83,8 @@ class LlamaCppProvider(OpenAICompatibleProvider):
         return super().stream(request, ctx)
 
     async def _stream_raw(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
-        async with ctx.stream("POST", "/completion", json=self.completion_body(request, stream=True)) as resp:
+        body = self.completion_body(request, stream=True)
+        async with ctx.stream("POST", "/completion", json=body, headers=self.call_headers(ctx)) as resp:
             await expect_stream(resp)
             async for event in sse_events(resp):
                 frame = load_frame(event.data)
@@ -91,7 +99,8 @@ class LlamaCppProvider(OpenAICompatibleProvider):
     async def complete(self, request: GenerationRequest, ctx: CallContext) -> Completion:
         if not request.raw:
             return await super().complete(request, ctx)
-        resp = await ctx.request("POST", "/completion", json=self.completion_body(request, stream=False))
+        body = self.completion_body(request, stream=False)
+        resp = await ctx.request("POST", "/completion", json=body, headers=self.call_headers(ctx))
         body = json_body(resp)
         if not isinstance(body, dict) or not isinstance(body.get("content"), str):
             raise ProviderProtocolError(f"unexpected /completion body: {str(body)[:200]}")

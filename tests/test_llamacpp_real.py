@@ -268,3 +268,13 @@ def test_count_tokens_matches_the_prompt_the_server_reports(lm: LLM) -> None:
     assert result.usage is not None and lm.count_tokens(messages=CAPITAL) == result.usage.prompt_tokens
     raw = lm.generate("The capital of France is", raw=True, max_tokens=2, temperature=0)
     assert raw.usage is not None and lm.count_tokens("The capital of France is") == raw.usage.prompt_tokens
+
+
+def test_back_to_back_calls_never_reuse_a_connection_llama_server_is_closing(lm: LLM) -> None:
+    """llama-server closes its side right after a streamed answer, whatever its Keep-Alive header
+    says; a pooled connection reused in that instant failed with "Server disconnected without
+    sending a response" (about every other call). Every call now asks for its own connection."""
+    for _ in range(30):
+        with lm.stream(messages=CAPITAL, max_tokens=3) as stream:
+            assert [c for c in stream]
+        assert lm.generate(messages=CAPITAL, max_tokens=3).content  # type: ignore[arg-type]
