@@ -101,6 +101,7 @@ def main() -> None:
             return Fleet(members, policy="round_robin", **options)
 
         with create_llm("llamacpp", "smollm2", base_url=fast.url, max_retries=0) as direct:
+            prompt = direct.count_tokens(messages=CAPITAL)  # type: ignore[arg-type]
             ttft(direct, 3)
             rows.append(row("floor: straight to the free replica", *ttft(direct, args.n)))
         with fleet() as f:
@@ -141,9 +142,10 @@ def main() -> None:
         fast.stop()
     print_table("Time to first chunk through a Fleet (ms)", rows, digits=1)
     print(
-        f"\nlosers cancelled on the slow replica: {len(lost)}; tokens in their slot at release "
-        f"(prompt + decoded): {sorted(set(decoded))} (the prompt is "
-        f"{create_llm('llamacpp', 'smollm2', base_url=fast.url).count_tokens(messages=CAPITAL)} tokens)"  # type: ignore[arg-type]
+        f"\nlosers cancelled on the slow replica: {sum(1 for n in decoded if n <= prompt + 1)} of "
+        f"{status['hedges_sent']} hedges; tokens in a loser's slot at release (prompt + decoded): "
+        f"{sorted({n for n in decoded if n <= prompt + 1})} (the prompt is {prompt} tokens; the load "
+        f"client's own streams, killed at the end, are the other {sum(1 for n in decoded if n > prompt + 1)})"
     )
 
 

@@ -100,7 +100,7 @@ class FleetProvider(Provider):
         while True:
             now = time.monotonic()
             candidates = [m for m in self.members if m.name not in tried and not m.health.cooling(now)]
-            member = self.router.pick(candidates, key)
+            member = self.router.pick(candidates, key, first=not tried)
             if member is None or not member.health.probe_due:
                 return member
             if await self._probe(member):

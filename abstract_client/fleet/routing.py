@@ -55,15 +55,16 @@ class Router:
         self._next = 0
         self._current: dict[str, float] = {}  # smooth weighted round robin's running weights
 
-    def pick(self, members: Sequence[Member], key: str | None) -> Member | None:
+    def pick(self, members: Sequence[Member], key: str | None, *, first: bool = True) -> Member | None:
         """The member for the next attempt among ``members`` (already filtered: not cooling,
-        not tried yet); None if there is none."""
+        not tried yet); None if there is none. ``first``: the call's first attempt (a failover
+        or a hedge does not move the round-robin turn: the next call still gets its own)."""
         if not members:
             return None
         with self._lock:
             if self.policy == "affinity" and key is not None:
                 return max(members, key=lambda m: _score(key, m.name))
-            if self.policy == "weighted":
+            if self.policy == "weighted" and first:
                 total = sum(m.weight for m in members)
                 for m in members:
                     self._current[m.name] = self._current.get(m.name, 0.0) + m.weight
@@ -71,7 +72,8 @@ class Router:
                 self._current[chosen.name] -= total
                 return chosen
             start = self._next
-            self._next += 1
+            if first:
+                self._next += 1
             ordered = [members[(start + i) % len(members)] for i in range(len(members))]
             if self.policy == "least_loaded":
                 return min(ordered, key=lambda m: m.in_flight)  # min keeps the first of equals
