@@ -74,6 +74,7 @@ class CallContext:
     connect_timeout: float | None = 10.0
     on_chunk: Callable[[StreamChunk], object] | None = None
     trace_headers: dict[str, str] | None = None  # W3C trace context for the upstream (telemetry)
+    span_event: Callable[[str, dict[str, Any]], object] | None = None  # an event on the call's span (tracing on)
 
     def report(self, chunk: StreamChunk) -> None:
         """For ``complete()`` of engines that produce text piecewise: record progress so that a

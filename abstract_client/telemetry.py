@@ -143,11 +143,13 @@ def start(call: Call) -> None:
             attributes["gen_ai.request.seed"] = request.seed
         if _capture_content():
             attributes["gen_ai.input.messages"] = json.dumps(request.messages or request.prompt, default=str)
-    clients = call.provider.clients
-    kind = _otel_trace.SpanKind.CLIENT if clients is not None else _otel_trace.SpanKind.INTERNAL
+    # a fleet passes the trace on to its members' servers (its own provider has no clients)
+    remote = call.provider.clients is not None or getattr(call.provider, "propagates_trace", False)
+    kind = _otel_trace.SpanKind.CLIENT if remote else _otel_trace.SpanKind.INTERNAL
     span = tracer.start_span(f"{call.kind} {model}", kind=kind, attributes=attributes)
     call.span = span
-    if clients is not None:  # W3C traceparent upstream: the server's spans join this trace
+    call.ctx.span_event = span.add_event  # a fleet's attempts, as events of this one span
+    if remote:  # W3C traceparent upstream: the server's spans join this trace
         headers: dict[str, str] = {}
         _otel_propagate.inject(headers, context=_otel_trace.set_span_in_context(span))
         call.ctx.trace_headers = headers or None
@@ -211,6 +213,9 @@ def end(call: Call, *, clean: bool) -> None:
             outcome["gen_ai.usage.cache_read.input_tokens"] = usage.cached_tokens
     if progress.first_chunk_at is not None:
         outcome["gen_ai.response.time_to_first_chunk"] = progress.first_chunk_at - call.t0
+    member = call.provider.served_by(call.request_id)
+    if member is not None:  # a fleet: the member that served (or last tried) the call
+        outcome["abstract_client.fleet.member"] = member
     error_type: str | None = None
     if clean and not token.is_set:
         outcome["gen_ai.response.status"] = "completed"

@@ -133,7 +133,8 @@ def main() -> None:
             "down": create_llm("llamacpp", "smollm2", base_url=dead, max_retries=0),
             "fast": create_llm("llamacpp", "smollm2", base_url=fast.url, max_retries=0),
         }
-        with Fleet(members, policy="round_robin", failure_threshold=10**6) as f:  # never cooled: every other call fails over
+        # never cooled down: every other call fails over
+        with Fleet(members, policy="round_robin", failure_threshold=10**6) as f:
             rows.append(row("fleet, one member down (failover every other call)", *ttft(f, args.n)))
     finally:
         if load.poll() is None:

@@ -302,3 +302,37 @@ def test_a_stop_on_real_llama_server_is_one_cancelled_span(
     assert done.attributes["gen_ai.response.status"] == "completed"
     assert stopped.attributes["gen_ai.response.status"] == "cancelled"
     assert stopped.attributes["gen_ai.usage.output_tokens"] >= 3
+
+
+def test_a_fleet_call_is_one_span_with_its_attempts_as_events(otel: Recorded) -> None:
+    """A fleet call: one span (never one per attempt); each attempt an event with its member and
+    outcome (a failover, a hedge that lost, the one that served); the member on the span; every
+    member's request carries the span's traceparent."""
+    from abstract_client import Fleet
+
+    def fleet_call(servers: dict[str, FakeOpenAIServer], **options: Any) -> tuple[Any, list[Any]]:
+        members = {n: create_llm("openai-compatible", "fake-model", base_url=s.base_url) for n, s in servers.items()}
+        with Fleet(members, policy="round_robin", **options) as fleet:
+            assert fleet.generate("hi", max_tokens=3).member == "fast"
+        span = otel.spans("chat")[-1]
+        assert span.kind == SpanKind.CLIENT and span.attributes["abstract_client.fleet.member"] == "fast"
+        for server in servers.values():
+            traceparent = server.requests("/v1/chat/completions")[-1].headers.get("traceparent", "")
+            assert traceparent.split("-")[1] == f"{span.context.trace_id:032x}"
+        return span, [(e.name, dict(e.attributes)) for e in span.events]
+
+    with FakeOpenAIServer() as down, FakeOpenAIServer(prefill_delay=3.0) as slow, FakeOpenAIServer() as fast:
+        down.behavior.fault = "loading_503"
+        _, events = fleet_call({"down": down, "fast": fast})
+        assert [(n, a["member"], a.get("outcome")) for n, a in events] == [
+            ("fleet.attempt", "down", None),
+            ("fleet.attempt_end", "down", "failed"),
+            ("fleet.attempt", "fast", None),
+            ("fleet.attempt_end", "fast", "served"),
+        ], events
+        assert events[1][1]["error.type"] == "ServerUnavailableError"
+        _, events = fleet_call({"slow": slow, "fast": fast}, hedge_after=0.2)
+        assert [a["hedge"] for n, a in events if n == "fleet.attempt"] == [False, True]
+        ends = {a["member"]: a["outcome"] for n, a in events if n == "fleet.attempt_end"}
+        assert ends == {"slow": "lost", "fast": "served"}, events
+    assert len(otel.spans("chat")) == 2  # one per call, whatever its attempts

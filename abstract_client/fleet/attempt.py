@@ -65,6 +65,9 @@ class Attempt:
         if provider.clients is not None:
             self.guard = SocketGuard()
             self.guard.register(self.token)
+        self._event = call_ctx.span_event
+        if self._event is not None:
+            self._event("fleet.attempt", {"member": member.name, "hedge": hedge})
         self.ctx = CallContext(
             token=self.token,
             request_id=call_ctx.request_id,
@@ -132,12 +135,20 @@ class Attempt:
                     self.guard.sever()
             self.token.release()
             member.count("in_flight", -1)
+        outcome = "served"
         if completed:
             member.health.succeeded()
         elif error is not None and not stopped:
+            outcome = "failed"
             if counts_against(error):
                 member.count("failed")
                 if member.health.failed():
                     log.warning("fleet: %s is cooling down after %s", member.name, error)
         else:
+            outcome = "lost" if self.lost else "stopped"
             member.count("stopped")
+        if self._event is not None:
+            attributes: dict[str, object] = {"member": member.name, "outcome": outcome}
+            if outcome == "failed" and error is not None:
+                attributes["error.type"] = type(error).__name__
+            self._event("fleet.attempt_end", attributes)

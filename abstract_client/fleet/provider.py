@@ -45,6 +45,7 @@ _MIN_OBSERVED = 20  # first-chunk times observed before a quantile hedge delay a
 
 class FleetProvider(Provider):
     name = "fleet"
+    propagates_trace = True  # each attempt's request carries the call span's traceparent
     complete_over_stream = True  # every call streams from its member: a stop is always a sever
     plain_route = False
 
