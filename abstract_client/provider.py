@@ -170,6 +170,11 @@ class Provider(abc.ABC):
         """Which member served (or last tried) the call: a fleet's answer; None elsewhere."""
         return None
 
+    def text_at_stop(self, request_id: str) -> str | None:
+        """An in-process engine's own text for a stopped request (every token it counted,
+        including text a consumer had not read yet or its detokenizer still held), or None."""
+        return None
+
     def usage_at_stop(self, request_id: str) -> Usage | None:
         """An in-process engine's own usage for a stopped request (prompt tokens, tokens it
         sampled), or None: the contract then reports what the stream delivered."""

@@ -194,6 +194,8 @@ def end(call: Call, *, clean: bool) -> None:
     outcome: dict[str, Any] = {}
     if progress.model:
         outcome["gen_ai.response.model"] = progress.model
+    if progress.response_id:
+        outcome["gen_ai.response.id"] = progress.response_id
     if progress.finish_reason:
         outcome["gen_ai.response.finish_reasons"] = [progress.finish_reason]
     if usage is not None and usage.prompt_tokens is not None:

@@ -20,7 +20,7 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -59,6 +59,10 @@ class RequestStats:
     stopped_in: str | None = None  # "queue", "prefill", "decode" or "embed"
     stopped_at: float | None = None  # perf_counter when the worker saw the flag
     finished: bool = False
+    text: list[str] = field(default_factory=list)  # the answer's text as emitted (content deltas)
+    # after each counted token, in one assignment: (parts of ``text`` so far, text held back
+    # by the stop-string matcher) — what a stop's partial text is, read from any thread
+    snapshot: tuple[int, str] | None = None
 
 
 @dataclass
@@ -245,6 +249,16 @@ class EngineProvider(Provider):
                 self._stats.popitem(last=False)
             return stats
 
+    def text_at_stop(self, request_id: str) -> str | None:
+        """The text of every token the engine counted for a stopped request: what it emitted
+        (a consumer may not have read it all) and what its stop-string matcher still held back,
+        as of the last counted token (never a token sampled under the flag)."""
+        stats = self.stats(request_id)
+        if stats is None:
+            return None
+        n, held = stats.snapshot or (len(stats.text), "")
+        return "".join(stats.text[:n]) + held
+
     def usage_at_stop(self, request_id: str) -> Usage | None:
         """The engine's own count for a stopped request: its prompt, and the tokens it sampled
         and counted (a token is counted only after its stop flag was checked)."""
@@ -303,7 +317,11 @@ class EngineProvider(Provider):
         stats = self._new_stats(ctx.request_id)
         token = ctx.token
 
+        text = stats.text
+
         def emit(item: object) -> None:
+            if type(item) is StreamChunk and item.delta:
+                text.append(item.delta)  # the engine's own record: a stop's partial text is all of it
             call(lambda: send.send_nowait(item))
 
         job_done = self._start(request, token, stats, emit)

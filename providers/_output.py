@@ -74,6 +74,13 @@ class OutputShaper:
         # partial usage has it
         self._first_usage = first_usage
 
+    @property
+    def plain(self) -> bool:
+        """Outside any think or tool-call block: held-back text here is the answer's content."""
+        return not (self._think is not None and self._think.inside) and not (
+            self._tool_tags is not None and self._tool_tags.inside
+        )
+
     def feed(self, text: str, final: bool = False) -> list[StreamChunk]:
         chunks = self._shape(text, final)
         if chunks and self._first_usage is not None:

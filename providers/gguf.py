@@ -157,6 +157,7 @@ class GGUFProvider(EngineProvider):
                     text += stops.flush()
                 for piece in shaper.feed(text, final=finish is not None):
                     emit(piece)
+                stats.snapshot = (len(stats.text), stops.pending if shaper.plain else "")
                 if finish is None:
                     handle.decode([chosen])
             done = time.perf_counter()

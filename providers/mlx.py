@@ -163,6 +163,7 @@ class MLXProvider(EngineProvider):
                     text += stops.flush()
                 for piece in shaper.feed(text, final=final):
                     emit(piece)
+                stats.snapshot = (len(stats.text), stops.pending if shaper.plain else "")
                 if final:
                     emit(
                         StreamChunk(

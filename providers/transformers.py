@@ -158,6 +158,7 @@ class TransformersProvider(EngineProvider):
                         text += stops.flush()
                     for piece in shaper.feed(text, final=finish is not None):
                         emit(piece)
+                    stats.snapshot = (len(stats.text), stops.pending if shaper.plain else "")
                     last = torch.tensor([chosen], device=handle.device)
             done = time.perf_counter()
             emit(

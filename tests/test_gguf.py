@@ -418,3 +418,41 @@ def test_the_abort_callback_is_libc_strlen_over_the_flag() -> None:
     ctypes.memset(flag, 1, 1)
     assert callback(ctypes.addressof(flag)) is True
     assert random is not None
+
+
+def test_a_stops_partial_text_is_every_counted_tokens_text_held_back_included(
+    llm: LLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stop-string matcher holds text back while it could still become a stop string; a stop
+    then must not lose it: the error's partial text is the text of every token the engine
+    counted — exactly what the same greedy answer cut at that many tokens says."""
+    p = provider(llm)
+    full = llm.generate(messages=CAPITAL, max_tokens=12, temperature=0).content  # type: ignore[arg-type]
+    hold = full[4:] + "QQQ"  # never completed: from character 4 on, everything is held back
+    real = p.handle.sampler
+    for n in (4, 8):
+        expected = llm.generate(messages=CAPITAL, max_tokens=n - 1, temperature=0, stop=[hold]).content  # type: ignore[arg-type]
+        assert len(expected) > 4
+        event = threading.Event()
+
+        def sampler(*args: Any, n: int = n, event: threading.Event = event) -> Any:
+            chain = real(*args)
+            picks = 0
+
+            class Flagging:
+                def sample(self, ctx: Any, idx: int) -> int:
+                    nonlocal picks
+                    picks += 1
+                    chosen = int(chain.sample(ctx, idx))
+                    if picks == n:
+                        event.set()
+                    return chosen
+
+            return Flagging()
+
+        monkeypatch.setattr(p.handle, "sampler", sampler)
+        with pytest.raises(GenerationCancelledError) as info:
+            llm.generate(messages=CAPITAL, max_tokens=12, temperature=0, stop=[hold], cancel_event=event)  # type: ignore[arg-type]
+        monkeypatch.setattr(p.handle, "sampler", real)
+        assert info.value.partial_text == expected, (n, info.value.partial_text, expected)
+        assert info.value.usage is not None and info.value.usage.completion_tokens == n - 1

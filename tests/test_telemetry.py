@@ -96,6 +96,7 @@ def test_a_complete_generation_is_one_span_with_the_genai_attributes(otel: Recor
         server.base_url.rsplit(":", 1)[1].split("/")[0]
     )
     assert a["abstract_client.request_id"] == result.request_id
+    assert a["gen_ai.response.id"].startswith("chatcmpl-")  # the server's own id for the answer
     assert "gen_ai.input.messages" not in a  # content only when the user opts in
     assert span.status.status_code == StatusCode.UNSET
     # the server received this span's context

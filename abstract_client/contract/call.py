@@ -58,6 +58,7 @@ class Progress:
     tool_calls: list[ToolCall] = field(default_factory=list)  # set once the answer is judged complete
     parsed: Any = None  # likewise: the validated structured output
     assembled: bool = False  # the answer was recorded chunk by chunk (streaming wire)
+    response_id: str | None = None  # the server's id for the answer (an OpenAI frame's "id"), for tracing
 
     @property
     def text(self) -> str:
@@ -85,7 +86,7 @@ class Progress:
             self.fallback.reset()
         self.chunks = 0
         self.usage = self.server_timings = self.model = self.finish_reason = None
-        self.first_chunk_at = None
+        self.first_chunk_at = self.response_id = None
 
     def record(self, chunk: StreamChunk) -> StreamChunk:
         """Take one chunk into the answer; returns the chunk as the caller sees it (a forced
@@ -94,6 +95,10 @@ class Progress:
         if self.fallback is not None:
             chunk = self.fallback.map(chunk, self.tools)
         now = time.perf_counter()
+        if self.response_id is None and type(chunk.raw) is dict:
+            rid = chunk.raw.get("id")
+            if isinstance(rid, str):
+                self.response_id = rid
         if chunk.delta or chunk.reasoning or chunk.tool_call is not None:
             if chunk.delta:
                 self.parts.append(chunk.delta)

@@ -91,6 +91,7 @@ async def first_answer(call: Call) -> Completion:
                 usage=completion.usage,
                 timings=completion.timings,
                 model=completion.model or call.wire_request.model,
+                raw=completion.raw,
             )
         )
     return completion

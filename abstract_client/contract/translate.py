@@ -115,6 +115,11 @@ def stop_error(call: Call) -> GenerationCancelledError:
     engine = call.provider.usage_at_stop(call.request_id)
     if engine is not None:  # an in-process engine counts what it sampled, text it still held back too
         err.usage, err.generated_tokens = engine, engine.completion_tokens or 0
+    progress = call.progress
+    if progress.fallback is None and not progress.tools:  # plain text (a tool call is not re-read)
+        text = call.provider.text_at_stop(call.request_id)
+        if text is not None and len(text) > len(err.partial_text) and text.startswith(err.partial_text):
+            err.partial_text = text
     return err
 
 

@@ -248,6 +248,13 @@ class FleetProvider(Provider):
         for attempt in self._running.get(request_id, []):
             attempt.provider.on_cancel(request_id)
 
+    def text_at_stop(self, request_id: str) -> str | None:
+        name = self._served.get(request_id)
+        for member in self.members:
+            if member.name == name:
+                return member.llm.provider.text_at_stop(request_id)
+        return None
+
     def usage_at_stop(self, request_id: str) -> Any:
         name = self._served.get(request_id)
         for member in self.members:

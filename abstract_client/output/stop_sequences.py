@@ -35,6 +35,11 @@ class StopSequences:
         out, self._buf = self._buf[: -self._hold], self._buf[-self._hold :]
         return out
 
+    @property
+    def pending(self) -> str:
+        """The text held back right now (it could still start a stop string)."""
+        return "" if self.hit else self._buf
+
     def flush(self) -> str:
         """The held-back text at the end of the answer."""
         out, self._buf = ("" if self.hit else self._buf), ""
