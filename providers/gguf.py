@@ -95,6 +95,19 @@ class GGUFProvider(EngineProvider):
             return
         handle = self.handle
         flag = ctypes.create_string_buffer(2)  # this request's stop, as the abort callback reads it
+        with handle.lock:  # every llama.cpp call of this request; a close waits for it
+            self._run(request, token, stats, emit, flag)
+
+    def _run(
+        self,
+        request: GenerationRequest,
+        token: StopToken,
+        stats: RequestStats,
+        emit: Callable[[object], None],
+        flag: ctypes.Array[ctypes.c_char],
+    ) -> None:
+        handle = self.handle
+        handle.flag = flag  # a close() from another thread aborts through it from now on
         unhook: Callable[[], None] | None = None
         try:
             self._load_on_thread()
@@ -177,6 +190,8 @@ class GGUFProvider(EngineProvider):
         except EngineStop:
             stats.stopped_in = self._phase
             stats.tokens_at_stop, stats.stopped_at = stats.tokens, time.perf_counter()
+            if not token.is_set:  # aborted by a close() from another thread, not by a stop
+                emit(Failure("ModelClosed", "the model was closed during the request"))
         except Exception as exc:  # a fresh record, never the exception: its traceback pins the context
             log.debug("gguf generation failed after %d tokens", stats.tokens, exc_info=True)
             emit(Failure(type(exc).__name__, str(exc)))
@@ -185,6 +200,7 @@ class GGUFProvider(EngineProvider):
                 unhook()
             if handle.loaded:
                 handle.arm(None)  # the flag dies with this request; the context must not point at it
+            handle.flag = None
 
     def _embed_on_thread(
         self, texts: list[str], token: StopToken, stats: RequestStats

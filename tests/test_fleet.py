@@ -199,7 +199,12 @@ def test_a_stop_during_the_hedge_race_stops_both(servers: list[FakeOpenAIServer]
     a.behavior.prefill_delay = b.behavior.prefill_delay = 10.0
     with fleet_of([a, b], hedge_after=0.1) as fleet:
         event = threading.Event()
-        threading.Timer(0.5, event.set).start()
+
+        def stop_once_both_asked() -> None:  # the hedge is out: both members hold the request
+            wait_until(lambda: len(a.requests(CHAT)) + len(b.requests(CHAT)) == 2, 30)
+            event.set()
+
+        threading.Thread(target=stop_once_both_asked).start()
         with pytest.raises(GenerationCancelledError):
             fleet.generate("hi", max_tokens=3, cancel_event=event)
         records = a.requests(CHAT) + b.requests(CHAT)

@@ -72,8 +72,12 @@ def test_affinity_reuses_the_members_cached_prompt(replicas: list[LlamaServer]) 
         assert after.usage is not None and before.usage is not None
         # the previous turn's whole prompt came from the member's cache
         assert (after.usage.cached_tokens or 0) >= (before.usage.prompt_tokens or 0) - 1, (before.usage, after.usage)
-    cached = [sum(r.usage.cached_tokens or 0 for r in rs[1:] if r.usage) for rs in (sticky, moved)]
-    assert cached[0] > cached[1] * 1.5, cached
+    # moved to another member, a turn finds little of its conversation in that member's cache
+    misses = [
+        b.usage and a.usage and (a.usage.cached_tokens or 0) < (b.usage.prompt_tokens or 0) - 1
+        for b, a in itertools.pairwise(moved)
+    ]
+    assert misses[0] and sum(bool(m) for m in misses) >= 3, [(r.member, r.usage) for r in moved]
 
 
 def test_hedging_around_a_busy_replica_and_the_loser_is_cancelled(replicas: list[LlamaServer]) -> None:
@@ -171,8 +175,7 @@ def test_kill_9_a_replica_mid_stream(replicas: list[LlamaServer]) -> None:
     assert isinstance(dead_error, TransportError) and dead_error.member == "r0", dead_error
     assert dead_error.partial_text
     alive = dict(progress)
-    time.sleep(0.5)
-    assert all(progress[r] > alive[r] for r in progress if r != rid)  # the other two go on
+    assert wait_until(lambda: all(progress[r] > alive[r] for r in progress if r != rid), 30)  # the other two go on
     served = [fleet.generate(messages=CAPITAL, max_tokens=8).member for _ in range(6)]  # type: ignore[arg-type]
     assert len(served) == 6 and set(served) <= {"r1", "r2"}, served
     dead = next(m for m in fleet.status()["members"] if m["name"] == "r0")

@@ -346,27 +346,30 @@ def run():
     try:
         llm.generate(prompt, max_tokens=2)
     except Exception as exc:
-        print("call ended:", type(exc).__name__, flush=True)
+        print("call ended:", type(exc).__name__, str(exc)[:80], flush=True)
 t = threading.Thread(target=run); t.start()
 started.wait(60)
 time.sleep(0.05)
 t0 = time.perf_counter()
-p.handle.close()  # from another thread, mid-evaluation: must wait for llama_decode
+p.handle.close()  # from another thread, mid-evaluation: abort it, wait for the request, then free
 print(f"closed after {time.perf_counter() - t0:.3f}s", flush=True)
 t.join(60)
 print("survived", flush=True)
 """
 
 
-def test_close_from_another_thread_waits_for_the_evaluation(model_path: str) -> None:
+def test_close_from_another_thread_aborts_the_evaluation_then_frees(model_path: str) -> None:
     """llama-cpp-python's close() under a running llama_decode frees the context it computes on
-    (a crash); ours waits for the evaluation. In a child process: a crash must not end the suite."""
+    (a crash). Ours aborts the evaluation through the request's flag, waits for the request to let
+    go of the model, then frees: the call ends typed, the close returns within a node or so. In a
+    child process: a crash must not end the suite."""
     out = subprocess.run(
         [sys.executable, "-c", CLOSE_DURING_DECODE, model_path], capture_output=True, text=True, timeout=300
     )
     assert out.returncode == 0 and "survived" in out.stdout, (out.returncode, out.stdout, out.stderr[-2000:])
+    assert "call ended: ProviderAPIError" in out.stdout and "closed during the request" in out.stdout, out.stdout
     waited = float(out.stdout.split("closed after ")[1].split("s")[0])
-    assert waited > 0.2  # it waited for the evaluation in flight (a 2,048-token slice: seconds)
+    assert waited < 5  # the 2,048-token slice was aborted, not waited out (it takes seconds here)
 
 
 EJECT_STORM = r"""

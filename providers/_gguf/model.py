@@ -3,9 +3,11 @@ weights and one context), loaded, used and closed on that thread only; on the fi
 call a second context with embeddings on over the same (memory-mapped) weights.
 
 **Close never frees under a decode.** llama-cpp-python's ``close()`` takes no lock (its crash
-reports: a model freed while a worker thread still evaluated). Here every ``llama_decode`` runs
-under :attr:`GGUFModel.lock`, and so does :meth:`GGUFModel.close` (which ``__del__`` calls): a
-close from any thread waits for the evaluation in flight to return.
+reports: a model freed while a worker thread still evaluated). Here a request holds
+:attr:`GGUFModel.lock` for every call it makes into llama.cpp (tokenize, decode, sample), and
+:meth:`GGUFModel.close` (which ``__del__`` calls) takes it too: a close from another thread first
+aborts the evaluation in flight (the request's abort flag; the request then ends with a typed
+error), then waits for the request to let go of the model, then frees it.
 
 **The stop inside one evaluation.** ggml's CPU backend calls the context's abort callback after
 every graph node, on the computing thread; when it returns true the graph ends early, and
@@ -141,7 +143,8 @@ class GGUFModel:
         self.abort_callback = abort_callback
         self.default_max_tokens = default_max_tokens
         self.options = options  # create_llm's extra options: the defaults of every request
-        self.lock = threading.Lock()  # one llama_decode or one close at a time
+        self.lock = threading.RLock()  # a request's llama.cpp calls, or a close: never both
+        self.flag: ctypes.Array[ctypes.c_char] | None = None  # the running request's abort flag
         self.llm: Any = None
         self.embedder: Any = None
         self.text: TextView | None = None
@@ -194,6 +197,7 @@ class GGUFModel:
     def arm(self, flag: ctypes.Array[ctypes.c_char] | None) -> None:
         """Point the context's abort callback at ``flag`` (a request's), or at a flag that is
         never set. The callback is installed once per context and only its data changes."""
+        self.flag = flag
         if not self.abort_callback:
             return
         llama_cpp = import_llama_cpp()
@@ -241,7 +245,11 @@ class GGUFModel:
     # -- close ----------------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Free both contexts and the weights; waits for a decode in flight (any thread)."""
+        """Free both contexts and the weights, from any thread: abort the evaluation in flight,
+        wait for its request to let go of the model, then free."""
+        flag = self.flag
+        if flag is not None:
+            ctypes.memset(flag, 1, 1)
         with self.lock:
             llm, embedder = self.llm, self.embedder
             self.llm = self.embedder = self.text = self._formatter = None
