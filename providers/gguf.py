@@ -137,7 +137,7 @@ class GGUFProvider(EngineProvider):
             stops = StopSequences(request.stop)
             detok = Detokenizer(handle.text)
             max_tokens = request.max_tokens or handle.default_max_tokens
-            step = int(extra.get("n_batch", handle.n_batch))
+            step = min(int(extra.get("n_batch", handle.n_batch)), handle.n_batch)  # one ubatch per decode
             stats.prompt_tokens, stats.cached_tokens = len(ids), reuse
             stats.prefill_total, stats.prefill_done = len(ids), reuse
             handle.arm(flag)

@@ -24,11 +24,12 @@ from abstract_client import (
     ContextOverflowError,
     GenerationCancelledError,
     ModelBusyError,
+    NotSupportedError,
     ProviderAPIError,
     create_llm,
 )
 
-from .helpers import launch_llama_server, stream_in_threads, wait_until
+from .helpers import WEATHER_TOOL, launch_llama_server, stream_in_threads, wait_until
 
 if os.environ.get("ABSTRACT_CLIENT_REQUIRE_ENGINES") != "1" and importlib.util.find_spec("llama_cpp") is None:
     pytest.skip("llama-cpp-python is missing: scripts/get_llama_cpp_python.sh", allow_module_level=True)
@@ -290,6 +291,17 @@ def test_seed_stop_strings_json_embeddings(llm: LLM) -> None:
     batch = llm.embed(["the capital of France", "Paris", "a bicycle"])
     assert len(batch.vectors) == 3 and all(abs(sum(x * x for x in v) - 1) < 1e-3 for v in batch.vectors)
     assert batch.usage is not None and (batch.usage.prompt_tokens or 0) >= 3
+
+
+def test_forced_tool_call_and_auto_refused(llm: LLM) -> None:
+    """No tool-call parser in this lane: "auto" is refused before anything runs; a forced call is
+    carried as schema-constrained output (a llama.cpp grammar built from the tool's schema)."""
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    with pytest.raises(NotSupportedError):
+        llm.generate(messages=ask, tools=[WEATHER_TOOL])  # type: ignore[arg-type]
+    result = llm.generate(messages=ask, tools=[WEATHER_TOOL], tool_choice="required", max_tokens=60)  # type: ignore[arg-type]
+    (call,) = result.tool_calls
+    assert call.name == "get_weather" and set(call.arguments) == {"city"}
 
 
 def test_eject_during_generation_frees_the_memory_and_reloads(

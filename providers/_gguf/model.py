@@ -152,6 +152,9 @@ class GGUFModel:
         self._never = ctypes.create_string_buffer(2)  # the flag an idle context points at: never set
         self.rss_baseline: int | None = None
         self.ejected = False
+        self.lib: Any = None  # the llama_cpp module, once loaded
+        self._vocab: Any = None
+        self._stray = False  # an aborted evaluation may have left KV cells past n_tokens
         self.decodes = 0  # llama_decode calls (evidence for tests)
         self.aborted = 0  # of which the abort callback ended
 
@@ -187,6 +190,7 @@ class GGUFModel:
                 self._formatter = Jinja2ChatFormatter(
                     template, eos_token=text_of(llm.token_eos()), bos_token=text_of(llm.token_bos())
                 )
+            self.lib, self._vocab = llama_cpp, llm._model.vocab  # per-token calls skip the lookups
             self.llm = llm
             self.arm(None)
             self.ejected = False
@@ -207,16 +211,18 @@ class GGUFModel:
     def decode(self, tokens: list[int]) -> None:
         """Evaluate ``tokens`` (at most ``n_batch``) after the context's ``n_tokens``. A stop
         that lands inside raises :class:`EngineStop`; the context then holds what it held before."""
-        llama_cpp = import_llama_cpp()
         llm = self.llm
         n_past = llm.n_tokens
-        llm._ctx.kv_cache_seq_rm(-1, n_past, -1)  # whatever an aborted evaluation left past it
+        if self._stray:  # whatever an aborted evaluation left past what the context counts
+            llm._ctx.kv_cache_seq_rm(-1, n_past, -1)
+            self._stray = False
         llm._batch.set_batch(batch=tokens, n_past=n_past, logits_all=False)
         with self.lock:
             self.decodes += 1
-            code = llama_cpp.llama_decode(llm.ctx, llm._batch.batch)
+            code = self.lib.llama_decode(llm.ctx, llm._batch.batch)
         if code == ABORTED:
             self.aborted += 1
+            self._stray = True
             raise EngineStop
         if code != 0:
             # 1: no room in the KV cache for this batch
@@ -240,6 +246,7 @@ class GGUFModel:
             keep = 0
             llm._ctx.kv_cache_seq_rm(-1, 0, -1)
         llm.n_tokens = keep
+        self._stray = False
         return keep
 
     # -- close ----------------------------------------------------------------------------------------
@@ -253,6 +260,7 @@ class GGUFModel:
         with self.lock:
             llm, embedder = self.llm, self.embedder
             self.llm = self.embedder = self.text = self._formatter = None
+            self._stray = False
             for engine in (embedder, llm):
                 if engine is not None:
                     engine.close()
@@ -297,7 +305,7 @@ class GGUFModel:
         return list(llm.tokenize(text.encode(), add_bos=True, special=True))
 
     def is_end(self, token: int) -> bool:
-        return bool(import_llama_cpp().llama_vocab_is_eog(self.llm._model.vocab, token))
+        return bool(self.lib.llama_vocab_is_eog(self._vocab, token))
 
     def sampler(self, request: GenerationRequest, extra: dict[str, Any], prompt_ids: list[int]) -> Any:
         """llama.cpp's own sampler chain for the request: repetition penalty (seeded with the
