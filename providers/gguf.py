@@ -35,7 +35,7 @@ from abstract_client.types import GenerationRequest, StreamChunk, Timings, Usage
 from ._engine import EngineProvider, EngineStop, Failure, RequestStats
 from ._gguf.model import GGUFModel
 from ._hf.detok import Detokenizer
-from ._hf.model import rss_bytes
+from ._memory import unload_measuring_rss
 from ._output import OutputShaper
 
 __all__ = ["GGUFProvider"]
@@ -223,16 +223,7 @@ class GGUFProvider(EngineProvider):
         return vectors, n_tokens
 
     def _unload_on_thread(self) -> UnloadReport:
-        before = rss_bytes()
-        self.handle.drop()
-        after = rss_bytes()
-        return UnloadReport(
-            server_unloaded=True,
-            memory_before=before,
-            memory_after=after,
-            extra={"memory_baseline": self.handle.rss_baseline},
-            detail=f"gguf: process RSS {before / 2**20:.0f} MiB → {after / 2**20:.0f} MiB",
-        )
+        return unload_measuring_rss(self.name, self.handle)
 
     # -- the async side -------------------------------------------------------------------------------
 

@@ -387,7 +387,6 @@ def test_close_from_another_thread_aborts_the_evaluation_then_frees(model_path: 
 EJECT_STORM = r"""
 import random, sys, threading, time
 from abstract_client import create_llm, GenerationCancelledError
-from providers._hf.model import rss_bytes
 llm = create_llm("gguf", sys.argv[1], n_ctx=4096, n_batch=256)
 p = llm.provider
 rng = random.Random(7)

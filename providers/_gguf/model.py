@@ -21,7 +21,6 @@ loop holds it).
 from __future__ import annotations
 
 import ctypes
-import gc
 import importlib.metadata
 import importlib.util
 import json
@@ -36,7 +35,7 @@ from abstract_client.errors import NotSupportedError
 from abstract_client.types import GenerationRequest
 
 from .._engine import EngineStop
-from .._hf.model import rss_bytes
+from .._memory import give_memory_back, rss_bytes
 from .._output import chat_messages
 
 __all__ = ["GGUFModel", "import_llama_cpp", "shared_library_dir"]
@@ -168,17 +167,7 @@ class GGUFModel:
             if self.ejected:
                 log.warning("gguf: reloading %s on demand after an eject", self.path)
             self.rss_baseline = rss_bytes()
-            llm = llama_cpp.Llama(
-                model_path=str(self.path),
-                n_ctx=self.n_ctx,
-                n_batch=self.n_batch,
-                n_ubatch=self.n_batch,
-                n_threads=self.n_threads,
-                n_threads_batch=self.n_threads,
-                n_gpu_layers=self.n_gpu_layers,
-                flash_attn=self.flash_attn,
-                verbose=False,
-            )
+            llm = self._open(llama_cpp)
             self.text = TextView(llm)
             template = llm.metadata.get("tokenizer.chat_template")
             if template:
@@ -271,12 +260,7 @@ class GGUFModel:
         if self.llm is not None:
             self.ejected = True
         self.close()
-        gc.collect()
-        if sys.platform.startswith("linux"):
-            try:
-                ctypes.CDLL("libc.so.6").malloc_trim(0)
-            except (OSError, AttributeError):
-                pass
+        give_memory_back()
 
     def __del__(self) -> None:
         try:
@@ -353,17 +337,20 @@ class GGUFModel:
         if self.embedder is None:
             llama_cpp = import_llama_cpp()
             self.ensure_loaded()
-            self.embedder = llama_cpp.Llama(
-                model_path=str(self.path),
-                n_ctx=self.n_ctx,
-                n_batch=self.n_batch,
-                n_ubatch=self.n_batch,
-                n_threads=self.n_threads,
-                n_threads_batch=self.n_threads,
-                n_gpu_layers=self.n_gpu_layers,
-                flash_attn=self.flash_attn,
-                embedding=True,
-                pooling_type=llama_cpp.LLAMA_POOLING_TYPE_MEAN,
-                verbose=False,
-            )
+            self.embedder = self._open(llama_cpp, embedding=True, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_MEAN)
         return self.embedder
+
+    def _open(self, llama_cpp: Any, **extra: Any) -> Any:
+        """A ``Llama`` (weights memory-mapped, one context) with this lane's settings."""
+        return llama_cpp.Llama(
+            model_path=str(self.path),
+            n_ctx=self.n_ctx,
+            n_batch=self.n_batch,
+            n_ubatch=self.n_batch,  # one micro-batch per llama_decode: an abort leaves no stray cells
+            n_threads=self.n_threads,
+            n_threads_batch=self.n_threads,
+            n_gpu_layers=self.n_gpu_layers,
+            flash_attn=self.flash_attn,
+            verbose=False,
+            **extra,
+        )

@@ -5,10 +5,8 @@ process memory on the CPU, and in the CUDA allocator on a GPU)."""
 from __future__ import annotations
 
 import ctypes
-import gc
 import inspect
 import logging
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -16,24 +14,12 @@ from typing import Any
 
 from abstract_client.types import GenerationRequest
 
+from .._memory import give_memory_back, rss_bytes
 from .._output import chat_messages
 
-__all__ = ["HFModel", "rss_bytes"]
+__all__ = ["HFModel"]
 
 log = logging.getLogger(__name__)
-
-
-def rss_bytes() -> int:
-    """This process's resident memory now (Linux: ``/proc/self/statm``; elsewhere the peak, which
-    is all ``getrusage`` knows)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except OSError:
-        import resource
-
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
@@ -50,17 +36,6 @@ def keep_large_allocations_returnable() -> None:
         try:
             ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
         except (OSError, AttributeError):
-            pass
-
-
-def _give_memory_back() -> None:
-    """``gc.collect()``, then glibc's ``malloc_trim(0)``: freed tensors return to the OS instead
-    of staying in malloc's arenas (without it RSS barely moves after an eject)."""
-    gc.collect()
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
-        except (OSError, AttributeError):  # musl or no glibc: nothing to trim with
             pass
 
 
@@ -135,7 +110,7 @@ class HFModel:
         on_gpu = self.device is not None and self.device.type == "cuda"
         self.model = self.tokenizer = self.lltokenizer = None
         self.ejected = True
-        _give_memory_back()
+        give_memory_back()
         if on_gpu:
             import torch
 
