@@ -140,6 +140,28 @@ def assert_engine_stopped_in_decode(provider: Any, request_id: str, received: in
     assert received <= stats.tokens < 2000
 
 
+def disconnect_mid_stream(gw: InProcessGateway, name: str, provider_type: type, request_id: str) -> dict[str, Any]:
+    """A client leaves a stream of the in-process backend ``name`` after a few chunks: its engine
+    stopped in decode (its own record) and the gateway counted the stop. Returns the request."""
+    provider = gw.gateway.backends[name].llm.provider
+    assert isinstance(provider, provider_type)
+    body = {"model": name, "messages": STORY, "max_tokens": 2000, "stream": True, "logit_bias": {2: -1e9}}
+    assert_engine_stopped_in_decode(provider, request_id, disconnect_after_chunks(gw, body, request_id))
+    assert wait_until(lambda: gw.gateway.metrics.stops[(name, "client_disconnect")] == 1)
+    return body
+
+
+def capital(gw: InProcessGateway, name: str) -> dict[str, Any]:
+    """The next request's answer, as JSON (the engine serves on after the stop)."""
+    answer = httpx.post(
+        gw.url + "/v1/chat/completions",
+        json={"model": name, "messages": CAPITAL, "max_tokens": 12},
+        timeout=120,
+    )
+    assert answer.status_code == 200, answer.text
+    return dict(answer.json())
+
+
 @needs_mlx
 def test_disconnect_stops_in_process_mlx(tmp_path: Path) -> None:
     from abstract_client.app.assets import smollm2_mlx
@@ -147,20 +169,11 @@ def test_disconnect_stops_in_process_mlx(tmp_path: Path) -> None:
 
     config = GatewayConfig(backends=[BackendConfig(name="smollm2", provider="mlx", model=str(smollm2_mlx()))])
     with InProcessGateway(config) as gw:
-        provider = gw.gateway.backends["smollm2"].llm.provider
-        assert isinstance(provider, MLXProvider)
-        body = {"model": "smollm2", "messages": STORY, "max_tokens": 2000, "stream": True, "logit_bias": {2: -1e9}}
-        assert_engine_stopped_in_decode(provider, "mlx-1", disconnect_after_chunks(gw, body, "mlx-1"))
-        assert wait_until(lambda: gw.gateway.metrics.stops[("smollm2", "client_disconnect")] == 1)
+        body = disconnect_mid_stream(gw, "smollm2", MLXProvider, "mlx-1")
         assert gw.gateway.metrics.running["smollm2"] == 0
         # the engine answers the next request at once
         t0 = time.perf_counter()
-        answer = httpx.post(
-            gw.url + "/v1/chat/completions",
-            json={"model": "smollm2", "messages": CAPITAL, "max_tokens": 12},
-            timeout=120,
-        )
-        assert answer.status_code == 200 and answer.json()["choices"][0]["message"]["content"]
+        assert capital(gw, "smollm2")["choices"][0]["message"]["content"]
         assert time.perf_counter() - t0 < 60
         # Regenerate the stopped request: its prompt comes from the KV the stop kept, and the
         # gateway says so (OpenAI's usage field) and counts it in /metrics
@@ -182,17 +195,8 @@ def test_disconnect_stops_in_process_transformers() -> None:
 
     config = GatewayConfig(backends=[BackendConfig(name="smol-hf", provider="transformers", model=str(smollm2_hf()))])
     with InProcessGateway(config) as gw:
-        provider = gw.gateway.backends["smol-hf"].llm.provider
-        assert isinstance(provider, TransformersProvider)
-        body = {"model": "smol-hf", "messages": STORY, "max_tokens": 2000, "stream": True, "logit_bias": {2: -1e9}}
-        assert_engine_stopped_in_decode(provider, "hf-1", disconnect_after_chunks(gw, body, "hf-1"))
-        assert wait_until(lambda: gw.gateway.metrics.stops[("smol-hf", "client_disconnect")] == 1)
-        answer = httpx.post(
-            gw.url + "/v1/chat/completions",
-            json={"model": "smol-hf", "messages": CAPITAL, "max_tokens": 12},
-            timeout=120,
-        )
-        assert answer.status_code == 200 and "Paris" in answer.json()["choices"][0]["message"]["content"]
+        disconnect_mid_stream(gw, "smol-hf", TransformersProvider, "hf-1")
+        assert "Paris" in capital(gw, "smol-hf")["choices"][0]["message"]["content"]
 
 
 @needs_gguf
@@ -204,18 +208,10 @@ def test_disconnect_stops_in_process_gguf() -> None:
         backends=[BackendConfig(name="smol-gguf", provider="gguf", model=str(smollm2_gguf()), options={"n_ctx": 4096})]
     )
     with InProcessGateway(config) as gw:
-        provider = gw.gateway.backends["smol-gguf"].llm.provider
-        assert isinstance(provider, GGUFProvider)
-        body = {"model": "smol-gguf", "messages": STORY, "max_tokens": 2000, "stream": True, "logit_bias": {2: -1e9}}
-        assert_engine_stopped_in_decode(provider, "gguf-1", disconnect_after_chunks(gw, body, "gguf-1"))
-        assert wait_until(lambda: gw.gateway.metrics.stops[("smol-gguf", "client_disconnect")] == 1)
-        answer = httpx.post(
-            gw.url + "/v1/chat/completions",
-            json={"model": "smol-gguf", "messages": CAPITAL, "max_tokens": 12},
-            timeout=120,
-        )
-        assert answer.status_code == 200 and "Paris" in answer.json()["choices"][0]["message"]["content"]
-        assert answer.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0  # the context kept its KV
+        disconnect_mid_stream(gw, "smol-gguf", GGUFProvider, "gguf-1")
+        answer = capital(gw, "smol-gguf")
+        assert "Paris" in answer["choices"][0]["message"]["content"]
+        assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] > 0  # the context kept its KV
 
 
 @pytest.mark.llamacpp

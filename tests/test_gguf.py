@@ -134,29 +134,36 @@ def test_stop_mid_stream_counts_nothing_after_the_flag(llm: LLM) -> None:
     assert err.usage is not None and err.usage.completion_tokens == stats.tokens  # the engine's own count
 
 
+def flag_at_sample(p: GGUFProvider, n: int, monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """The next request's sampler sets the returned event (its stop) while it samples token n, on
+    the engine thread: after the lane's check before the step, before its check after sampling."""
+    chains = type(p.handle).sampler.__get__(p.handle)  # the real one, never a previous wrapper
+    event = threading.Event()
+
+    def sampler(*args: Any) -> Any:
+        chain = chains(*args)
+        picks = 0
+
+        class Flagging:
+            def sample(self, ctx: Any, idx: int) -> int:
+                nonlocal picks
+                picks += 1
+                chosen = int(chain.sample(ctx, idx))
+                if picks == n:
+                    event.set()
+                return chosen
+
+        return Flagging()
+
+    monkeypatch.setattr(p.handle, "sampler", sampler)
+    return event
+
+
 def test_the_token_sampled_under_the_flag_is_never_counted(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
     """The flag goes up while token n is being sampled: n is dropped, n-1 were counted."""
     p = provider(llm)
-    real = p.handle.sampler
     for n in (1, 4, 9):
-        event = threading.Event()
-
-        def sampler(*args: Any, n: int = n, event: threading.Event = event) -> Any:
-            chain = real(*args)
-            picks = 0
-
-            class Flagging:
-                def sample(self, ctx: Any, idx: int) -> int:
-                    nonlocal picks
-                    picks += 1
-                    chosen = int(chain.sample(ctx, idx))
-                    if picks == n:
-                        event.set()
-                    return chosen
-
-            return Flagging()
-
-        monkeypatch.setattr(p.handle, "sampler", sampler)
+        event = flag_at_sample(p, n, monkeypatch)
         with pytest.raises(GenerationCancelledError):
             for _ in llm.stream(STORY, max_tokens=200, cancel_event=event, request_id=f"g-pick-{n}", temperature=0):
                 pass
@@ -164,7 +171,6 @@ def test_the_token_sampled_under_the_flag_is_never_counted(llm: LLM, monkeypatch
         stats = p.stats(f"g-pick-{n}")
         assert stats is not None and stats.stopped_in == "decode"
         assert stats.tokens == n - 1 == stats.tokens_at_stop, (n, stats)
-    monkeypatch.setattr(p.handle, "sampler", real)
 
 
 class FlagInSlice:
@@ -443,30 +449,11 @@ def test_a_stops_partial_text_is_every_counted_tokens_text_held_back_included(
     p = provider(llm)
     full = llm.generate(messages=CAPITAL, max_tokens=12, temperature=0).content  # type: ignore[arg-type]
     hold = full[4:] + "QQQ"  # never completed: from character 4 on, everything is held back
-    real = p.handle.sampler
     for n in (4, 8):
         expected = llm.generate(messages=CAPITAL, max_tokens=n - 1, temperature=0, stop=[hold]).content  # type: ignore[arg-type]
         assert len(expected) > 4
-        event = threading.Event()
-
-        def sampler(*args: Any, n: int = n, event: threading.Event = event) -> Any:
-            chain = real(*args)
-            picks = 0
-
-            class Flagging:
-                def sample(self, ctx: Any, idx: int) -> int:
-                    nonlocal picks
-                    picks += 1
-                    chosen = int(chain.sample(ctx, idx))
-                    if picks == n:
-                        event.set()
-                    return chosen
-
-            return Flagging()
-
-        monkeypatch.setattr(p.handle, "sampler", sampler)
+        event = flag_at_sample(p, n, monkeypatch)
         with pytest.raises(GenerationCancelledError) as info:
             llm.generate(messages=CAPITAL, max_tokens=12, temperature=0, stop=[hold], cancel_event=event)  # type: ignore[arg-type]
-        monkeypatch.setattr(p.handle, "sampler", real)
         assert info.value.partial_text == expected, (n, info.value.partial_text, expected)
         assert info.value.usage is not None and info.value.usage.completion_tokens == n - 1
