@@ -24,6 +24,33 @@ def timed(fn: Callable[[], object], n: int, warm: int = 0) -> list[float]:
     return out
 
 
+def stop_rows(label: str, n: int, once: Callable[[str, str], tuple[float, float, float]]) -> list[dict[str, Any]]:
+    """The stop table of an in-process lane: ``once(case, request_id)`` stops one request and
+    returns (stop → raise ms, stop → engine stopped ms, tokens counted after the flag); ``n`` of
+    each case, decode and prefill."""
+    rows = []
+    for case in ("decode", "prefill"):
+        raise_ms, idle_ms, after = [], [], []
+        for i in range(n):
+            r, d, a = once(case, f"{label.replace(' ', '-')}-{case}-{i}")
+            raise_ms.append(r)
+            idle_ms.append(d)
+            after.append(a)
+        rows.append(
+            {
+                "lane": label,
+                "case": case,
+                "n": n,
+                "stop→raise p50": pct(raise_ms, 50),
+                "p99": pct(raise_ms, 99),
+                "stop→engine stopped p50": pct(idle_ms, 50),
+                "p99 ": pct(idle_ms, 99),
+                "tokens after flag": max(after),
+            }
+        )
+    return rows
+
+
 def print_table(title: str, rows: list[dict[str, Any]], digits: int = 3) -> None:
     print(f"\n{title}")
     cols = list(rows[0])

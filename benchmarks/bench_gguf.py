@@ -26,7 +26,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _tables import pct, print_table
+from _tables import print_table, stop_rows
 
 from abstract_client import LLM, GenerationCancelledError, create_llm
 from abstract_client.app.assets import smollm2_gguf
@@ -81,28 +81,8 @@ def stop_once(llm: LLM, case: str, rid: str, slice_ms: float, rng: random.Random
 
 
 def stops(llm: LLM, n: int, label: str, slice_ms: float) -> list[dict[str, Any]]:
-    rows = []
     rng = random.Random(1)
-    for case in ("decode", "prefill"):
-        raise_ms, idle_ms, after = [], [], []
-        for i in range(n):
-            r, d, a = stop_once(llm, case, f"{label.replace(' ', '-')}-{case}-{i}", slice_ms, rng)
-            raise_ms.append(r)
-            idle_ms.append(d)
-            after.append(a)
-        rows.append(
-            {
-                "lane": label,
-                "case": case,
-                "n": n,
-                "stop→raise p50": pct(raise_ms, 50),
-                "p99": pct(raise_ms, 99),
-                "stop→engine stopped p50": pct(idle_ms, 50),
-                "p99 ": pct(idle_ms, 99),
-                "tokens after flag": max(after),
-            }
-        )
-    return rows
+    return stop_rows(label, n, lambda case, rid: stop_once(llm, case, rid, slice_ms, rng))
 
 
 def slice_time(llm: LLM) -> float:
