@@ -21,6 +21,7 @@ from .call import Call
 
 __all__ = [
     "SyncStop",
+    "as_typed",
     "attach",
     "cancelled",
     "classify",
@@ -52,11 +53,17 @@ def translate(call: Call, exc: BaseException) -> BaseException:
 
 def classify(call: Call, exc: Exception) -> AbstractClientError:
     """The typed error for a failure that is not a stop."""
+    return as_typed(exc, call.provider.name)
+
+
+def as_typed(exc: Exception, source: str) -> AbstractClientError:
+    """``exc`` as this library's error: itself, a transport failure mapped, or a protocol error
+    naming ``source`` (a provider, a fleet member)."""
     if isinstance(exc, AbstractClientError):
         return exc
     if isinstance(exc, httpx.HTTPError):
         return map_transport_error(exc)
-    return ProviderProtocolError(f"{call.provider.name} failed on unexpected input: {type(exc).__name__}: {exc}")
+    return ProviderProtocolError(f"{source} failed on unexpected input: {type(exc).__name__}: {exc}")
 
 
 def raise_translated(call: Call, exc: BaseException) -> None:

@@ -99,8 +99,8 @@ class Fleet(LLM):
         flight, served/failed/stopped attempts, cooldowns, hedges; and the fleet's hedges."""
         return {
             "policy": self.provider.router.policy,
-            "hedges_sent": self.provider.hedges_sent,
-            "hedges_won": self.provider.hedges_won,
+            "hedges_sent": sum(m.hedges_sent for m in self.members),
+            "hedges_won": sum(m.hedges_won for m in self.members),
             "members": [m.snapshot() for m in self.members],
         }
 

@@ -17,11 +17,9 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import anyio
-import httpx
 
-from ..errors import AbstractClientError, ProviderProtocolError
+from ..errors import AbstractClientError
 from ..http.guard import SocketGuard, current_guard
-from ..http.mapping import map_transport_error
 from ..provider import CallContext
 from ..stopping.token import Step, StopToken
 from ..types import GenerationRequest, StreamChunk
@@ -30,17 +28,9 @@ from .health import counts_against
 if TYPE_CHECKING:
     from .member import Member
 
-__all__ = ["Attempt", "typed"]
+__all__ = ["Attempt"]
 
 log = logging.getLogger(__name__)
-
-
-def typed(exc: Exception, member: Member) -> AbstractClientError:
-    if isinstance(exc, AbstractClientError):
-        return exc
-    if isinstance(exc, httpx.HTTPError):
-        return map_transport_error(exc)
-    return ProviderProtocolError(f"{member.name} failed on unexpected input: {type(exc).__name__}: {exc}")
 
 
 class Attempt:

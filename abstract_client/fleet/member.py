@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -40,8 +41,6 @@ class Member:
 
     def snapshot(self) -> dict[str, Any]:
         h = self.health
-        import time
-
         left = max(0.0, h.cooldown_until - time.monotonic())
         return {
             "name": self.name,

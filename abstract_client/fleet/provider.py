@@ -28,10 +28,11 @@ from typing import Any
 
 import anyio
 
+from ..contract.translate import as_typed
 from ..errors import AbstractClientError, NotSupportedError, ServerUnavailableError
 from ..provider import CallContext, EmbeddingBatch, ModelInfo, Provider, UnloadReport
 from ..types import GenerationRequest, StreamChunk
-from .attempt import Attempt, typed
+from .attempt import Attempt
 from .health import may_fail_over
 from .member import Member
 from .routing import Router, affinity_key
@@ -82,8 +83,6 @@ class FleetProvider(Provider):
         self._served: OrderedDict[str, str] = OrderedDict()
         self._running: dict[str, list[Attempt]] = {}
         self._first_chunk_s: deque[float] = deque(maxlen=500)
-        self.hedges_sent = 0
-        self.hedges_won = 0
 
     # -- which member --------------------------------------------------------------------------------
 
@@ -155,7 +154,7 @@ class FleetProvider(Provider):
                 except StopAsyncIteration:
                     break
                 except Exception as exc:  # mid-answer: a typed error with the partial text, never a replay
-                    err = typed(exc, winner.member)
+                    err = as_typed(exc, winner.member.name)
                     await winner.close(error=err)
                     raise err from exc
                 yield chunk
@@ -198,7 +197,7 @@ class FleetProvider(Provider):
             except StopAsyncIteration:
                 chunk = None
             except Exception as exc:
-                err = typed(exc, attempt.member)
+                err = as_typed(exc, attempt.member.name)
                 if attempt.token.is_set:  # stopped (the call's stop, or it lost): not its failure
                     await attempt.close()
                     return
@@ -227,8 +226,7 @@ class FleetProvider(Provider):
                 await anyio.sleep(delay)
                 if not outcome and not ctx.token.is_set and any(not a.closed for a in attempts):
                     hedged = True
-                    if await start(hedge=True):
-                        self.hedges_sent += 1
+                    await start(hedge=True)  # counted on its member (Member.hedges_sent)
             await anyio.sleep(math.inf)  # until run() cancels the group
         for attempt in attempts:  # losers: stopped above; closed here (severed, judged as stopped)
             if not outcome or attempt is not outcome[0][0]:
@@ -240,7 +238,6 @@ class FleetProvider(Provider):
         winner, first = outcome[0]
         self._first_chunk_s.append((winner.first_at or time.perf_counter()) - winner.started_at)
         if winner.hedge:
-            self.hedges_won += 1
             winner.member.count("hedges_won")
         return winner, first
 
