@@ -12,6 +12,7 @@ from .errors import (
     ContextOverflowError,
     GenerationCancelledError,
     GenerationTimeoutError,
+    ImageInputError,
     InvalidRequestError,
     ModelBusyError,
     ModelNotFoundError,
@@ -25,6 +26,7 @@ from .errors import (
     TransportError,
 )
 from .fleet import Fleet
+from .images import ImageLimits, image_part
 from .llm import LLM, GenerateOptions
 from .output.history import continue_after
 from .output.structured import function_tool
@@ -53,6 +55,9 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = [
     "LLM",
+    "ImageInputError",
+    "ImageLimits",
+    "image_part",
     "GenerateOptions",
     "AbortController",
     "AbortError",

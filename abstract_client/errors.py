@@ -31,6 +31,7 @@ __all__ = [
     "ServerUnavailableError",
     "ProviderAPIError",
     "NotSupportedError",
+    "ImageInputError",
     "OutputValidationError",
     "ModelBusyError",
     "ProviderProtocolError",
@@ -175,6 +176,12 @@ class ProviderAPIError(ProviderError):
 
 class NotSupportedError(ProviderError):
     """The backend cannot do this (e.g. unloading the model of a single-model llama-server)."""
+
+
+class ImageInputError(AbstractClientError, ValueError):
+    """An image the call cannot carry, refused at the call site before anything is sent: over a
+    size or count limit (``ImageLimits``), an unreadable file, a data URL that is not base64 of
+    an image. A ``ValueError`` too, as every other wrong argument is."""
 
 
 class ModelBusyError(AbstractClientError):

@@ -31,6 +31,7 @@ from .contract import (
 )
 from .contract.retry import RetryPolicy
 from .errors import AbstractClientError, ModelBusyError, StopReason
+from .images import ImageLimits, resolve_images
 from .output.structured import normalize_tool_choice, normalize_tools, response_format_from
 from .provider import ModelInfo, Provider, UnloadReport
 from .stopping.abort import AbortSignal
@@ -111,10 +112,18 @@ class GenerateOptions(TypedDict, total=False):
 class LLM:
     """A model behind one backend. Create it with :func:`abstract_client.create_llm`."""
 
-    def __init__(self, provider: Provider, *, timeout: Timeout | float | None = None, max_retries: int = 2) -> None:
+    def __init__(
+        self,
+        provider: Provider,
+        *,
+        timeout: Timeout | float | None = None,
+        max_retries: int = 2,
+        image_limits: ImageLimits | None = None,
+    ) -> None:
         if max_retries < 0:
             raise ValueError("max_retries must be >= 0")
         self.provider = provider
+        self.image_limits = image_limits or ImageLimits()  # checked on every call's images
         self.timeout = Timeout.coerce(timeout)
         self.retry = RetryPolicy(max_retries=max_retries)
         self._inflight = InflightRegistry()
@@ -173,6 +182,7 @@ class LLM:
                 check_text(text, what)
         if messages is not None:
             check_messages(messages)
+            messages = resolve_images(messages, self.image_limits)  # files read, limits checked
         check_generation(extra)
         msgs: list[Message] = []
         if system is not None:

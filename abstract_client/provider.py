@@ -186,6 +186,12 @@ class Provider(abc.ABC):
         schema-constrained output (``response_format``) and refuses ``"auto"``."""
         return True
 
+    async def images_refused(self, request: GenerationRequest) -> str | None:
+        """Why this backend (or its model, or this route) cannot take ``request``'s image parts,
+        or None when it may: the contract refuses the call before anything is sent. Servers that
+        cannot tell answer None (their own error is then typed)."""
+        return None
+
     async def count_tokens(self, request: GenerationRequest) -> int:
         """Tokens of ``request.prompt`` (as given) or of ``request.messages`` with the chat
         template applied."""

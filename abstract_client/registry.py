@@ -13,6 +13,7 @@ from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Any
 
+from .images import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGES, ImageLimits
 from .llm import LLM
 from .provider import Provider
 from .types import Timeout
@@ -96,17 +97,31 @@ def create_llm(
 
     ``base_url`` may be a list: the same model on several replicas, as one :class:`Fleet`
     (``policy=``, ``hedge_after=``, ``max_attempts=``, ``weights=`` and the health options go to
-    the fleet, the rest to every member)."""
+    the fleet, the rest to every member). ``max_image_bytes`` / ``max_images`` set the call's
+    :class:`~abstract_client.images.ImageLimits`."""
     factory = _factory(provider)
     coerced = Timeout.coerce(timeout)
+    limits: dict[str, Any] = {k: options.pop(k) for k in ("max_image_bytes", "max_images") if k in options}
     if isinstance(base_url, (list, tuple)):
         from .fleet import Fleet
 
         fleet_options = {k: options.pop(k) for k in list(options) if k in _FLEET_OPTIONS}
         members = [
-            create_llm(provider, model, base_url=url, api_key=api_key, timeout=timeout, max_retries=0, **options)
+            create_llm(
+                provider, model, base_url=url, api_key=api_key, timeout=timeout, max_retries=0, **limits, **options
+            )
             for url in base_url
         ]
-        return Fleet(members, timeout=coerced, **fleet_options)
+        fleet = Fleet(members, timeout=coerced, **fleet_options)
+        fleet.image_limits = _image_limits(limits)
+        return fleet
+    image_limits = _image_limits(limits)  # a wrong limit fails before a provider is built
     instance = factory(model=model, base_url=base_url, api_key=api_key, connect_timeout=coerced.connect, **options)
-    return LLM(instance, timeout=coerced, max_retries=max_retries)
+    return LLM(instance, timeout=coerced, max_retries=max_retries, image_limits=image_limits)
+
+
+def _image_limits(given: dict[str, Any]) -> ImageLimits:
+    return ImageLimits(
+        max_bytes=given.get("max_image_bytes", DEFAULT_MAX_IMAGE_BYTES),
+        max_images=given.get("max_images", DEFAULT_MAX_IMAGES),
+    )

@@ -56,7 +56,8 @@ class RequestStats:
     prefill_done: int = 0
     prefill_total: int = 0
     tokens_at_stop: int | None = None  # the counter when the worker saw the stop flag
-    stopped_in: str | None = None  # "queue", "prefill", "decode" or "embed"
+    stopped_in: str | None = None  # "queue", "vision", "prefill", "decode" or "embed"
+    phase: str | None = None  # where a lane that reports it is now: "vision", "prefill", "decode"
     stopped_at: float | None = None  # perf_counter when the worker saw the flag
     finished: bool = False
     text: list[str] = field(default_factory=list)  # the answer's text as emitted (content deltas)
@@ -358,6 +359,9 @@ class EngineProvider(Provider):
                 send.close()
                 if job_done is not None and not job_done.done():  # its bookkeeping, just behind END
                     await anyio.to_thread.run_sync(job_done.result)
+
+    async def images_refused(self, request: GenerationRequest) -> str | None:
+        return f"the {self.name} lane's models take text only (no image parts)"
 
     # -- models ---------------------------------------------------------------------------------------
 

@@ -47,6 +47,7 @@ class LlamaCppProvider(OpenAICompatibleProvider):
         super().__init__(base_url=root, headers=headers, **kw)
         self._router: bool | None = None
         self._tool_calls: bool | None = None
+        self._vision: bool | None = None
 
     def call_headers(self, ctx: CallContext) -> dict[str, str] | None:
         # llama-server closes the connection right after a streamed answer (its Keep-Alive
@@ -54,6 +55,17 @@ class LlamaCppProvider(OpenAICompatibleProvider):
         # with "Server disconnected without sending a response". So every call says it will
         # close; the next one connects afresh (a loopback connect: ~0.1 ms).
         return {"Connection": "close"}
+
+    async def images_refused(self, request: GenerationRequest) -> str | None:
+        """``/props`` ``modalities.vision``: without a projector (``--mmproj``) llama-server
+        answers an image with a 500, which would look like a server failure."""
+        if self._vision is None:
+            props = await self.get_json("/props")
+            modalities = props.get("modalities") if isinstance(props, dict) else None
+            self._vision = bool(modalities.get("vision")) if isinstance(modalities, dict) else False
+        if self._vision:
+            return None
+        return "this llama-server takes no images (its /props modalities.vision is false: start it with --mmproj)"
 
     async def native_tools(self, request: GenerationRequest) -> bool:
         """The model's chat template supports tool calls (``/props`` ``chat_template_caps``,

@@ -24,6 +24,7 @@ import httpx
 from abstract_client.errors import ProviderProtocolError
 from abstract_client.http.mapping import decode_json_body, error_from_response
 from abstract_client.http.wire import expect_stream, json_body, load_frame, poll_until_ready, sse_events
+from abstract_client.images import base64_payload, url_refused
 from abstract_client.provider import CallContext, Completion, ModelInfo, UnloadReport
 from abstract_client.types import GenerationRequest, StreamChunk, Timings, Usage
 
@@ -51,6 +52,9 @@ class LMStudioProvider(OpenAICompatibleProvider):
             return True
         return request.reasoning is not None and not request.tools and request.response_format is None
 
+    async def images_refused(self, request: GenerationRequest) -> str | None:
+        return url_refused(request.messages, self.name) if self.wants_native(request) else None
+
     async def native_tools(self, request: GenerationRequest) -> bool:
         """``/v1`` takes ``tool_choice`` none/auto/required; a named choice is carried as a
         schema-constrained output of that call."""
@@ -65,7 +69,7 @@ class LMStudioProvider(OpenAICompatibleProvider):
             raise ValueError("LM Studio's native chat takes one input; use the /v1 route for multi-turn messages")
         body: dict[str, Any] = {
             "model": request.model,
-            "input": turns[-1].get("content", "") if turns else "",
+            "input": native_input(turns[-1].get("content") or "") if turns else "",
             "stream": stream,
         }
         if system:
@@ -178,3 +182,21 @@ def _final(result: Any, delta: str | None) -> StreamChunk:
         model=result.get("model_instance_id"),
         raw=result,
     )
+
+
+def native_input(content: Any) -> Any:
+    """``/api/v1/chat``'s ``input``: the text, or — with images — a list of ``{"type": "message",
+    "content"}`` and ``{"type": "image", "data_url"}`` items in the parts' order (data URLs
+    only: LM Studio fetches nothing)."""
+    if not isinstance(content, list):
+        return content
+    if not any(p.get("type") == "image_url" for p in content):
+        return "".join(p.get("text", "") for p in content if p.get("type") == "text")
+    items: list[dict[str, Any]] = []
+    for part in content:
+        if part.get("type") == "image_url":
+            mime, payload = base64_payload(part, "lmstudio")
+            items.append({"type": "image", "data_url": f"data:{mime};base64,{payload}"})
+        elif part.get("type") == "text":
+            items.append({"type": "message", "content": part.get("text", "")})
+    return items

@@ -37,6 +37,7 @@ from typing import Any
 from abstract_client.errors import (
     NotSupportedError,
 )
+from abstract_client.images import url_refused
 from abstract_client.output.stop_sequences import StopSequences
 from abstract_client.provider import UnloadReport
 from abstract_client.stopping.token import StopToken
@@ -45,6 +46,7 @@ from abstract_client.types import GenerationRequest, StreamChunk, Timings, Usage
 from ._engine import END, EngineProvider, EngineStop, Failure, RequestStats
 from ._mlx.batch import BatchEngine, Sequence, runs_alone
 from ._mlx.model import MLXModel
+from ._mlx.vision import VisionModel, generate_with_images, is_vision_model, require_mlx_vlm
 from ._output import OutputShaper
 
 log = logging.getLogger(__name__)
@@ -72,7 +74,13 @@ class MLXProvider(EngineProvider):
         super().__init__(model=model, kind="MLX", weights="model*.safetensors", on_exit=_clear_streams)
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be >= 1")
-        self.handle = MLXModel(
+        vision = is_vision_model(self.path)
+        if vision:
+            require_mlx_vlm(self.path)
+            if max_batch_size > 1:
+                raise ValueError("a vision model runs one request at a time: max_batch_size must be 1")
+            prompt_cache_bytes = 0  # an image's KV depends on its pixels, not the ids a cache is keyed by
+        self.handle = (VisionModel if vision else MLXModel)(
             self.path,
             prefill_step_size=prefill_step_size,
             default_max_tokens=default_max_tokens,
@@ -92,6 +100,25 @@ class MLXProvider(EngineProvider):
         self, request: GenerationRequest, token: StopToken, stats: RequestStats, emit: Callable[[object], None]
     ) -> None:
         import mlx.core as mx
+
+        try:
+            if token.is_set:
+                return
+            if isinstance(self.handle, VisionModel):
+                generate_with_images(self.handle, request, token, stats, emit)
+            else:
+                self._generate_text(request, token, stats, emit)
+        except EngineStop:
+            stats.tokens_at_stop, stats.stopped_at = stats.tokens, time.perf_counter()
+        except Exception as exc:  # a fresh record, never the exception: its traceback pins the model
+            emit(Failure(type(exc).__name__, str(exc)))
+        finally:
+            mx.synchronize()
+
+    def _generate_text(
+        self, request: GenerationRequest, token: StopToken, stats: RequestStats, emit: Callable[[object], None]
+    ) -> None:
+        import mlx.core as mx
         from mlx_lm import stream_generate
         from mlx_lm.models.cache import make_prompt_cache
         from mlx_lm.sample_utils import make_logits_processors
@@ -101,8 +128,6 @@ class MLXProvider(EngineProvider):
         ids: list[int] = []
         handed_out: list[int] = []  # token ids counted and passed on: what the KV may keep
         try:
-            if token.is_set:
-                return
             model, tokenizer = handle.ensure_loaded()
             ids = handle.prompt_ids(request)
             extra = handle.extra(request)
@@ -176,11 +201,9 @@ class MLXProvider(EngineProvider):
                     )
                     stats.finished = True
                     break
-        except EngineStop:
-            stats.tokens_at_stop, stats.stopped_at = stats.tokens, time.perf_counter()
-        except Exception as exc:  # a fresh record, never the exception: its traceback pins the model
+        except Exception:
             kv = None  # whatever failed, its KV is not kept
-            emit(Failure(type(exc).__name__, str(exc)))
+            raise
         finally:
             if gen is not None:
                 gen.close()  # on this thread: mlx streams are thread-bound
@@ -190,7 +213,6 @@ class MLXProvider(EngineProvider):
                 # prompt and the tokens handed out (trimmed to them)
                 handle.prompt_cache.keep(handle.key, ids + handed_out, kv)
             del kv
-            mx.synchronize()
 
     def _embed_on_thread(
         self, texts: list[str], token: StopToken, stats: RequestStats
@@ -252,6 +274,14 @@ class MLXProvider(EngineProvider):
             return self.batch.alone(lambda: self._job(request, token, stats, emit))
         self.batch.submit(Sequence(request, token, stats, emit, end=END))
         return None
+
+    async def images_refused(self, request: GenerationRequest) -> str | None:
+        if isinstance(self.handle, VisionModel):
+            return url_refused(request.messages, self.name)
+        return (
+            f"{self.path.name} is a text model (its config.json has no vision_config): "
+            "load a vision model (mlx-vlm, the 'vlm' extra) for image parts"
+        )
 
     async def native_tools(self, request: GenerationRequest) -> bool:
         """The tokenizer's chat template has tool calling (mlx-lm's tool parsers read the calls);

@@ -27,6 +27,7 @@ import anyio
 
 from abstract_client.errors import ProviderProtocolError, ServerUnavailableError
 from abstract_client.http.wire import expect_stream, json_body, ndjson_objects, raise_if_error
+from abstract_client.images import base64_payload, url_refused
 from abstract_client.provider import CallContext, Completion, EmbeddingBatch, ModelInfo, UnloadReport
 from abstract_client.types import GenerationRequest, StreamChunk, Timings, ToolCallDelta, Usage
 
@@ -70,10 +71,7 @@ def native_messages(messages: list[Any]) -> list[dict[str, Any]]:
 
 
 def _base64_of(part: dict[str, Any]) -> str:
-    url = str((part.get("image_url") or {}).get("url", ""))
-    if not url.startswith("data:") or "," not in url:
-        raise ValueError("Ollama takes images as data URLs (data:image/...;base64,...)")
-    return url.split(",", 1)[1]
+    return base64_payload(part, "ollama")[1]
 
 
 class OllamaProvider(OpenAICompatibleProvider):
@@ -121,6 +119,9 @@ class OllamaProvider(OpenAICompatibleProvider):
         body.update(self.options)
         body.update(extra)
         return path, body
+
+    async def images_refused(self, request: GenerationRequest) -> str | None:
+        return None if self.use_openai_api and not request.raw else url_refused(request.messages, self.name)
 
     async def native_tools(self, request: GenerationRequest) -> bool:
         """Ollama parses calls itself but cannot force one (no ``tool_choice``): a forced call is

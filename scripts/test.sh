@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 # Every engine is installed below: a missing one fails its tests instead of skipping them.
 export ABSTRACT_CLIENT_REQUIRE_ENGINES=1
 
-echo ">> installing torch (the CPU build), then abstract-client with the dev, mlx, transformers and cli extras"
+echo ">> installing torch (the CPU build), then abstract-client with the dev, mlx, vlm, transformers and cli extras"
 log="$(mktemp)"
 # The CPU build, never a CUDA one: the wheel this machine kind keeps on disk (pip's find-links),
 # else PyTorch's CPU index. A bare `torch` requirement would pull a CUDA build of several GB.
@@ -17,7 +17,7 @@ if ! python3 -m pip install -q "torch==2.13.0+cpu" >"$log" 2>&1 \
   cat "$log" >&2
   exit 1
 fi
-if ! python3 -m pip install -q -e '.[dev,mlx,transformers,cli]' >"$log" 2>&1; then
+if ! python3 -m pip install -q -e '.[dev,mlx,vlm,transformers,cli]' >"$log" 2>&1; then
   cat "$log" >&2
   exit 1
 fi

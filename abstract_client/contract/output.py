@@ -5,6 +5,8 @@
   without native tool calling is rewritten into schema-constrained output of the call itself, so
   tool calls work on any model; ``"auto"`` there raises ``NotSupportedError`` (tools are never
   silently ignored).
+* Images: a call with image parts on a backend or model that takes none
+  (``Provider.images_refused``) is a ``NotSupportedError`` here, before the generation is sent.
 * ``finish_output`` runs only once the answer was judged complete (rule 7): parsing and schema
   validation never happen after a stop, and a stop is never reported as a validation error.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..errors import NotSupportedError, OutputValidationError
+from ..images import has_images
 from ..output.fallback import ToolFallback
 from ..output.structured import call_schema, check_tool_call, forced_tools, parse_output
 from ..types import ResponseFormat
@@ -29,6 +32,12 @@ async def prepare(call: Call) -> None:
         return
     call.prepared = True
     request = call.spec.request
+    if has_images(request.messages):
+        refused = await call.provider.images_refused(request)
+        if refused:
+            raise NotSupportedError(
+                f"{call.provider.name}: {refused}", provider=call.provider.name, model=request.model
+            )
     if not request.tools:
         return
     if await call.provider.native_tools(request):

@@ -11,6 +11,7 @@ into ``/metrics``. ``POST /v1/requests/{id}/cancel`` aborts the same controller.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -93,6 +94,8 @@ class Backend:
         # the upstream model: the configured one, else the name clients use (an MLX model is a path)
         model = cfg.model or (None if cfg.provider == "mlx" else cfg.name)
         self.llm: LLM = create_llm(cfg.provider, model, base_url=cfg.base_url, max_retries=0, **cfg.options)
+        # a client's image is data or a URL, never a path: it must not make us read our own files
+        self.llm.image_limits = dataclasses.replace(self.llm.image_limits, local_files=False)
         self.slots = anyio.Semaphore(cfg.max_concurrent)
 
     @property

@@ -10,6 +10,7 @@ clock). Every token written is timestamped too, so a test can count tokens sent 
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import dataclasses
 import hashlib
@@ -49,6 +50,7 @@ class RequestRecord:
     completed: bool = False
     status: int | None = None
     fault: str | None = None
+    images: list[bytes] = field(default_factory=list)  # every image the request carried, decoded
 
     @property
     def tokens_sent(self) -> int:
@@ -81,6 +83,21 @@ class Behavior:
     script: list[dict[str, Any]] | None = None
     reasoning_field: str = "reasoning_content"  # llama-server's name; vLLM says "reasoning"
     template_tools: bool = True  # /props: the chat template does tool calls (SmolLM2's does not)
+    vision: bool = True  # the model takes images (/props modalities.vision on llama-server's wire)
+
+
+def decode_image(value: Any, *, data_url: bool) -> bytes | str:
+    """An image as a server reads it: a ``data:image/...;base64,`` URL (or bare base64 when
+    ``data_url`` is false) → its bytes; anything else → what the server would say about it."""
+    text = value if isinstance(value, str) else ""
+    if data_url:
+        head, sep, text = text.partition(",")
+        if not sep or not head.startswith("data:image/") or not head.endswith(";base64"):
+            return f"invalid image data URL: {str(value)[:40]!r}"
+    try:
+        return base64.b64decode(text, validate=True)
+    except ValueError:
+        return "illegal base64 data"
 
 
 def script_finish(script: list[dict[str, Any]]) -> str:

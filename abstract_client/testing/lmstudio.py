@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ._server import Conn, Handler, RequestRecord
+from ._server import Conn, Handler, RequestRecord, decode_image
 from .openai import FakeOpenAIServer, sse
 
 
@@ -170,6 +170,17 @@ class FakeLMStudioServer(FakeOpenAIServer):
         model = str(body.get("model") or "")
         if not self._check_model(conn, model):
             return
+        given = body.get("input")
+        for item in given if isinstance(given, list) else []:
+            kind = item.get("type") if isinstance(item, dict) else None
+            image = decode_image(item.get("data_url"), data_url=True) if kind == "image" else None
+            if kind not in ("message", "image") or isinstance(image, str):
+                conn.send_json(
+                    400, self.error_body(400, image if isinstance(image, str) else f"bad input item {str(item)[:60]}")
+                )
+                return
+            if image is not None:
+                record.images.append(image)
         tokens, _ = self.tokens(body.get("max_output_tokens"))
         reasoning = ["Let ", "me ", "think. "] if body.get("reasoning") not in (None, "off") else []
         t0 = time.perf_counter()

@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ._server import Conn, Handler, RequestRecord, script_calls
+from ._server import Conn, Handler, RequestRecord, decode_image, script_calls
 from .openai import FakeOpenAIServer
 
 VERSION = "0.33.0"
@@ -139,6 +139,13 @@ class FakeOllamaServer(FakeOpenAIServer):
         record.fault = fault
         if self.early_fault(conn, fault):
             return
+        for m in (body.get("messages") or []) if chat else [body]:
+            for value in (m.get("images") or []) if isinstance(m, dict) else []:
+                image = decode_image(value, data_url=False)  # Ollama takes bare base64
+                if isinstance(image, str):
+                    conn.send_json(400, {"error": image})
+                    return
+                record.images.append(image)
         options = body.get("options") or {}
         tokens, finish = self.tokens(options.get("num_predict"))
         self._acquire(model)

@@ -6,7 +6,7 @@ import json
 import time
 from typing import Any
 
-from ._server import Conn, FakeServer, Handler, RequestRecord, script_delta, script_finish, script_message
+from ._server import Conn, FakeServer, Handler, RequestRecord, decode_image, script_delta, script_finish, script_message
 
 
 def sse(obj: Any) -> bytes:
@@ -35,7 +35,32 @@ class FakeOpenAIServer(FakeServer):
     def props(self, conn: Conn, record: RequestRecord) -> None:
         """llama-server's ``/props`` (``--jinja``): whether the chat template does tool calls."""
         caps = {"supports_tools": self.behavior.template_tools, "supports_tool_calls": self.behavior.template_tools}
-        conn.send_json(200, {"total_slots": 1, "chat_template_caps": caps})
+        modalities = {"vision": self.behavior.vision, "audio": False}
+        conn.send_json(200, {"total_slots": 1, "chat_template_caps": caps, "modalities": modalities})
+
+    def image_error(self, record: RequestRecord) -> tuple[int, str] | None:
+        """``image_url`` parts: a data URL's bytes are recorded, an http(s) URL is taken as the
+        server would fetch it; a model without vision answers as llama-server does (500)."""
+        body = record.body if isinstance(record.body, dict) else {}
+        for m in body.get("messages") or []:
+            content = m.get("content") if isinstance(m, dict) else None
+            for part in content if isinstance(content, list) else []:
+                if not isinstance(part, dict) or part.get("type") != "image_url":
+                    continue
+                if not self.behavior.vision:
+                    return (
+                        500,
+                        "image input is not supported - hint: if this is unexpected, "
+                        "you may need to provide the mmproj",
+                    )
+                url = (part.get("image_url") or {}).get("url")
+                if isinstance(url, str) and url.startswith(("http://", "https://")):
+                    continue
+                image = decode_image(url, data_url=True)
+                if isinstance(image, str):
+                    return 400, image
+                record.images.append(image)
+        return None
 
     @staticmethod
     def history_error(messages: Any) -> str | None:
@@ -120,6 +145,10 @@ class FakeOpenAIServer(FakeServer):
         problem = self.history_error(body.get("messages"))
         if problem:
             conn.send_json(400, self.error_body(400, problem))
+            return
+        refused = self.image_error(record)
+        if refused:
+            conn.send_json(refused[0], self.error_body(*refused))
             return
         tokens, finish = self.tokens(body.get("max_tokens"))
         script = self.behavior.script
