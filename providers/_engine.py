@@ -58,6 +58,7 @@ class RequestStats:
     tokens_at_stop: int | None = None  # the counter when the worker saw the stop flag
     stopped_in: str | None = None  # "queue", "vision", "prefill", "decode" or "embed"
     phase: str | None = None  # where a lane that reports it is now: "vision", "prefill", "decode"
+    phase_started: dict[str, float] = field(default_factory=dict)  # phase -> perf_counter at its start
     stopped_at: float | None = None  # perf_counter when the worker saw the flag
     finished: bool = False
     text: list[str] = field(default_factory=list)  # the answer's text as emitted (content deltas)

@@ -201,6 +201,8 @@ class MLXProvider(EngineProvider):
                     )
                     stats.finished = True
                     break
+        except EngineStop:
+            raise  # a stop keeps its KV (below)
         except Exception:
             kv = None  # whatever failed, its KV is not kept
             raise

@@ -169,7 +169,7 @@ def generate_with_images(
     started = time.perf_counter()
 
     # 1. vision: one native call (cannot be interrupted)
-    stats.phase = "vision"
+    stats.phase, stats.phase_started["vision"] = "vision", time.perf_counter()
     input_ids = mx.array([ids])
     embedded = model.get_input_embeddings(input_ids, pixel_values, mask=None, **extra_inputs)
     embeds = embedded.inputs_embeds
@@ -180,7 +180,7 @@ def generate_with_images(
         raise EngineStop
 
     # 2. prefill: every token but the last, a chunk per evaluation
-    stats.phase = "prefill"
+    stats.phase, stats.phase_started["prefill"] = "prefill", time.perf_counter()
     language = model.language_model
     kv = make_prompt_cache(language, max_kv_size=handle.max_kv_size)
     step = int(extra.get("prefill_step_size", handle.prefill_step_size))
@@ -198,7 +198,7 @@ def generate_with_images(
     prefill_s = time.perf_counter() - started
 
     # 3. decode
-    stats.phase = "decode"
+    stats.phase, stats.phase_started["decode"] = "decode", time.perf_counter()
     if request.seed is not None:
         mx.random.seed(request.seed)
     sampler = handle.sampler(request)
