@@ -54,6 +54,7 @@ class RequestStats:
     prompt_tokens: int | None = None  # the prompt's length, once tokenised
     cached_tokens: int | None = None  # of which a prompt cache served (lanes that have one)
     prefill_done: int = 0
+    layers_done: int = 0  # vision lane: encoder layers of the vision tower evaluated
     prefill_total: int = 0
     tokens_at_stop: int | None = None  # the counter when the worker saw the stop flag
     stopped_in: str | None = None  # "queue", "vision", "prefill", "decode" or "embed"

@@ -118,17 +118,44 @@ def test_a_stop_set_before_the_call_computes_nothing(llava: LLM, png: bytes) -> 
     assert embedded == []  # not even the image was encoded
 
 
-def test_a_stop_during_the_vision_call_lands_before_prefill(llava: LLM, png: bytes) -> None:
-    """The vision call (tower + projector) is one native evaluation: the stop is seen right
-    after it, and no prefill chunk runs."""
+def test_a_stop_after_the_tower_lands_before_prefill(llava: LLM, png: bytes) -> None:
+    """The flag raised after the tower's last layer check (in the projector) is seen right after
+    the vision call: no prefill chunk runs."""
     event = threading.Event()
-    flag_on(engine(llava).handle.model, "get_input_embeddings", event)
+    flag_on(engine(llava).handle.model, "multi_modal_projector", event)
     with pytest.raises(GenerationCancelledError) as info:
         llava.generate(messages=look(png), cancel_event=event, request_id="vision")
+    assert event.is_set()
     assert engine(llava).thread.wait_idle(10)
     stats = engine(llava).stats("vision")
     assert stats is not None and stats.stopped_in == "vision"
     assert stats.prefill_done == 0 and stats.tokens == 0 and info.value.partial_text == ""
+
+
+def test_a_stop_inside_the_vision_tower_lands_at_the_next_encoder_layer(llava: LLM, png: bytes) -> None:
+    """Left to MLX the tower is one evaluation (seconds on a CPU); the lane evaluates it layer
+    by layer: the flag raised while layer 0 computes is seen before layer 1."""
+    handle = engine(llava).handle
+    assert handle.checked_layers == 2  # the tiny CLIP tower's encoder layers
+    layers = handle.model.vision_tower.vision_model.encoder.layers
+    event = threading.Event()
+    first = layers[0]
+
+    def pressing_during(*args: Any, **kwargs: Any) -> Any:
+        out = first(*args, **kwargs)
+        event.set()
+        return out
+
+    layers[0] = pressing_during
+    try:
+        with pytest.raises(GenerationCancelledError):
+            llava.generate(messages=look(png), cancel_event=event, request_id="layer")
+    finally:
+        layers[0] = first
+    assert engine(llava).thread.wait_idle(10)
+    stats = engine(llava).stats("layer")
+    assert stats is not None and stats.stopped_in == "vision"
+    assert stats.layers_done == 1 and stats.prefill_done == 0  # layer 0 evaluated, layer 1 never
 
 
 def test_a_stop_during_prefill_lands_at_the_next_chunk_boundary(llava: LLM, png: bytes) -> None:

@@ -7,10 +7,12 @@ prefill chunk's evaluation, and by default the whole prompt is one chunk of 2,04
 there waits for vision + all of prefill. So this module runs the three phases itself, each with
 its own stop check:
 
-1. **vision** — ``get_input_embeddings`` (the vision tower, the projector, the text embeddings)
-   evaluated as ONE native call: the only call that cannot be interrupted (its duration is in
-   ``docs/cancellation.md``). The stop is checked before it (a pre-set stop computes nothing)
-   and right after it.
+1. **vision** — ``get_input_embeddings`` (the vision tower, the projector, the text
+   embeddings). Left to MLX it is one lazy graph evaluated in one native call (seconds on a
+   CPU), so the tower's encoder layers are evaluated one at a time (:func:`check_layers`): the
+   stop is checked before each layer, before the call (a pre-set stop computes nothing) and
+   right after it. What cannot be interrupted is one encoder layer (durations in
+   ``docs/cancellation.md``).
 2. **prefill** — the prompt's embeddings, ``prefill_step_size`` tokens per evaluation, the stop
    checked after every chunk.
 3. **decode** — one token per step (the next one computed while the current is handed out, as
@@ -66,12 +68,60 @@ def require_mlx_vlm(path: Path) -> None:
         )
 
 
+class _StopCell:
+    """The check the vision tower's layers call (one per loaded model; the MLX thread runs one
+    request at a time, so it holds the current request's)."""
+
+    check: Callable[[], None] | None = None
+
+
+def check_layers(model: Any, cell: _StopCell) -> int:
+    """Make every encoder layer of ``model``'s vision tower evaluate its input and run
+    ``cell.check`` before it computes, so a stop lands between layers instead of after the whole
+    tower. The layers' classes are swapped for a subclass (the module tree, its weights and their
+    names stay as they are). The input, not the output, is evaluated: a last layer whose output
+    the model does not use is still never computed. Returns the number of layers checked."""
+    import mlx.core as mx
+    import mlx.nn as nn  # type: ignore[import-untyped,unused-ignore]
+
+    tower = getattr(model, "vision_tower", None) or getattr(model, "vision_model", None)
+    module_type: Any = getattr(nn, "Module")  # noqa: B009 (mlx.nn is typed without it)
+    if not isinstance(tower, module_type):
+        return 0
+    layers: list[Any] = []
+    for _, module in tower.named_modules():
+        found = getattr(module, "layers", None)
+        if isinstance(found, list) and len(found) > len(layers) and all(isinstance(x, module_type) for x in found):
+            layers = found
+    for layer in layers:
+        base = type(layer)
+        if base not in _CHECKED:
+
+            def __call__(self: Any, *args: Any, __base: Any = base, **kwargs: Any) -> Any:
+                check = self._abstract_client_stop.check
+                if check is not None:
+                    if args:
+                        mx.eval(args[0])
+                    check()
+                return __base.__call__(self, *args, **kwargs)
+
+            _CHECKED[base] = type(base.__name__, (base,), {"__call__": __call__})
+        layer.__class__ = _CHECKED[base]
+        layer._abstract_client_stop = cell
+    return len(layers)
+
+
+_CHECKED: dict[type, type] = {}
+
+
 class VisionModel(MLXModel):
     """The loaded vision model: mlx-vlm's model and processor (images → pixels, ``<image>`` →
     one token per patch) and mlx-lm's tokenizer wrapper over the same files (chat template,
     streaming detokenizer, think and tool-call tags: the text lane's output shaping)."""
 
     processor: Any = None
+    stop_cell: _StopCell | None = None
+    checked_layers = 0  # encoder layers of the vision tower the stop is checked between
 
     def ensure_loaded(self) -> tuple[Any, Any]:
         if self.model is None:
@@ -85,13 +135,15 @@ class VisionModel(MLXModel):
             self.model, self.processor = load(str(self.path))
             eos = getattr(self.model.config, "eos_token_id", None)
             self.tokenizer = load_tokenizer(self.path, eos_token_ids=eos)  # type: ignore[no-untyped-call]
+            self.stop_cell = _StopCell()
+            self.checked_layers = check_layers(self.model, self.stop_cell)
             self.ejected = False
             self.loads += 1
         return self.model, self.tokenizer
 
     def drop(self) -> None:
         super().drop()
-        self.processor = None
+        self.processor = self.stop_cell = None
 
     def prompt_ids(self, request: GenerationRequest) -> list[int]:
         return self.inputs(request)[0]
@@ -168,13 +220,29 @@ def generate_with_images(
     extra = handle.extra(request)
     started = time.perf_counter()
 
-    # 1. vision: one native call (cannot be interrupted)
+    # 1. vision: the tower's layers one at a time, the stop checked before each
     stats.phase, stats.phase_started["vision"] = "vision", time.perf_counter()
     input_ids = mx.array([ids])
-    embedded = model.get_input_embeddings(input_ids, pixel_values, mask=None, **extra_inputs)
-    embeds = embedded.inputs_embeds
-    lm_kwargs = {k: v for k, v in embedded.to_dict().items() if k != "inputs_embeds" and v is not None}
-    mx.eval(embeds)
+
+    inputs_seen = 0
+
+    def between_layers() -> None:  # the layer's input was just evaluated: the previous layer's output
+        nonlocal inputs_seen
+        stats.layers_done, inputs_seen = inputs_seen, inputs_seen + 1
+        if token.is_set:
+            stats.stopped_in = "vision"
+            raise EngineStop
+
+    cell = handle.stop_cell
+    assert cell is not None
+    cell.check = between_layers
+    try:
+        embedded = model.get_input_embeddings(input_ids, pixel_values, mask=None, **extra_inputs)
+        embeds = embedded.inputs_embeds
+        lm_kwargs = {k: v for k, v in embedded.to_dict().items() if k != "inputs_embeds" and v is not None}
+        mx.eval(embeds)
+    finally:
+        cell.check = None
     if token.is_set:
         stats.stopped_in = "vision"
         raise EngineStop
