@@ -34,6 +34,12 @@ def test_abort_controller_asyncio() -> None:
     assert "stopped (user)" in out and "stopped (timeout)" in out and "task cancelled" in out
 
 
+def test_describe_image() -> None:
+    out = run("describe_image.py")
+    assert out.count("with images [69] bytes") == 3  # the same PNG on three wires
+    assert "/api/chat" in out and "refused before sending" in out and "never fetches" in out
+
+
 def test_swap_backends() -> None:
     out = run("swap_backends.py")
     assert "[openai-compatible] stopped" in out and "[ollama] stopped" in out

@@ -35,9 +35,7 @@ async def prepare(call: Call) -> None:
     if has_images(request.messages):
         refused = await call.provider.images_refused(request)
         if refused:
-            raise NotSupportedError(
-                f"{call.provider.name}: {refused}", provider=call.provider.name, model=request.model
-            )
+            raise NotSupportedError(refused, provider=call.provider.name, model=request.model)
     if not request.tools:
         return
     if await call.provider.native_tools(request):
