@@ -14,6 +14,7 @@ output and reasoning.
 
 from __future__ import annotations
 
+import copy
 import json
 import uuid
 from dataclasses import replace
@@ -44,6 +45,19 @@ def chat_messages(messages: list[Message], provider: str = "mlx") -> list[dict[s
             m["tool_calls"] = calls
         out.append(m)
     return out
+
+
+def held_back(detok: Any) -> str:
+    """The text an mlx-lm streaming detokenizer holds back for the tokens it was given (an
+    incomplete UTF-8 sequence, a space it may yet trim): what ``finalize()`` would release now.
+    Read off a shallow copy (``finalize`` rebinds the fields it changes), so the stream's own
+    detokenizer is untouched; free when nothing is held (the usual case)."""
+    if not getattr(detok, "_unflushed", True):  # BPE and SPM: nothing held
+        return ""
+    seen = str(detok.text)
+    probe = copy.copy(detok)
+    probe.finalize()
+    return str(probe.text)[len(seen) :]
 
 
 class OutputShaper:

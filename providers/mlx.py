@@ -47,7 +47,7 @@ from ._engine import END, EngineProvider, EngineStop, Failure, RequestStats
 from ._mlx.batch import BatchEngine, Sequence, runs_alone
 from ._mlx.model import MLXModel
 from ._mlx.vision import VisionModel, generate_with_images, is_vision_model, require_mlx_vlm
-from ._output import OutputShaper
+from ._output import OutputShaper, held_back
 
 log = logging.getLogger(__name__)
 
@@ -176,19 +176,24 @@ class MLXProvider(EngineProvider):
                 prompt_cache=kv,
             )
             stops = StopSequences(request.stop)
+            # stream_generate's detokenizer is its own: this one sees the counted tokens, for the
+            # text a stop's partial text must not lose (what the detokenizer still holds back)
+            counted = tokenizer.detokenizer
             for resp in gen:
                 if token.is_set:  # before every sampled token is emitted
                     stats.stopped_in = "decode"
                     raise EngineStop
                 stats.tokens += 1
                 handed_out.append(int(resp.token))
+                if resp.finish_reason is None:
+                    counted.add_token(int(resp.token))
                 text = stops.feed(resp.text)  # the final EOS response carries no EOS text
                 final = resp.finish_reason is not None or stops.hit
                 if final:
                     text += stops.flush()
                 for piece in shaper.feed(text, final=final):
                     emit(piece)
-                stats.snapshot = (len(stats.text), stops.pending if shaper.plain else "")
+                stats.snapshot = (len(stats.text), stops.pending + held_back(counted) if shaper.plain else "")
                 if final:
                     emit(
                         StreamChunk(

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -222,3 +223,43 @@ def test_process_that_generates_and_exits_returns_0_five_times(tiny_dir: Path) -
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert "Exception ignored" not in proc.stderr
         assert "Destroyed in a different thread" not in proc.stderr
+
+
+@pytest.mark.parametrize("max_batch_size", [1, 2], ids=["serial", "batched"])
+def test_a_stops_partial_text_keeps_what_the_detokenizer_held_back(tiny_dir: Path, max_batch_size: int) -> None:
+    """Every sampled token is byte 0xE2 (an unfinished UTF-8 sequence): the streaming
+    detokenizer holds all of it back and no chunk ever arrives. A stop still reports every
+    counted token — in its usage and, as the replacement characters they decode to, in its
+    partial text."""
+    lead_byte = 161  # the tiny tokenizer's byte-level token for 0xE2
+    llm = create_llm("mlx", str(tiny_dir), max_batch_size=max_batch_size)
+    p = provider(llm)
+    event = threading.Event()
+    request_id = f"held-{max_batch_size}"
+    # the flag goes up on the engine thread, inside the sampler (draw 14): every count is final
+    real_sampler = type(p.handle).sampler.__get__(p.handle)
+
+    def sampler(request: Any) -> Any:
+        sample, draws = real_sampler(request), [0]
+
+        def drawing(logprobs: Any) -> Any:
+            draws[0] += 1
+            if draws[0] == 14:
+                event.set()
+            return sample(logprobs)
+
+        return drawing
+
+    p.handle.sampler = sampler  # type: ignore[method-assign]
+    with pytest.raises(GenerationCancelledError) as info:
+        for _ in llm.stream(
+            "hello", max_tokens=100_000, cancel_event=event, request_id=request_id, logit_bias={lead_byte: 1e9}
+        ):
+            pytest.fail("held-back text arrived as a chunk")
+    assert p.thread.wait_idle(10)
+    stats = p.stats(request_id)
+    assert stats is not None and stats.stopped_in == "decode" and stats.tokens_at_stop is not None
+    assert stats.tokens_at_stop >= 10
+    assert info.value.usage is not None and info.value.usage.completion_tokens == stats.tokens_at_stop
+    assert info.value.partial_text == "\ufffd" * stats.tokens_at_stop
+    llm.close()

@@ -35,7 +35,7 @@ from abstract_client.stopping.token import StopToken
 from abstract_client.types import GenerationRequest, StreamChunk, Usage
 
 from .._engine import EngineThread, Failure, RequestStats
-from .._output import OutputShaper
+from .._output import OutputShaper, held_back
 from .model import MLXModel
 
 __all__ = ["BatchEngine", "Sequence", "runs_alone"]
@@ -259,8 +259,12 @@ class BatchEngine:
         final = final or stops.hit
         if final:
             text += stops.flush()
-        for piece in st["shaper"].feed(text, final=final):
+        shaper = st["shaper"]
+        for piece in shaper.feed(text, final=final):
             seq.emit(piece)
+        # what a stop's partial text is: the emitted text, and what the matcher and the
+        # detokenizer still hold back (read from any thread, so one assignment)
+        seq.stats.snapshot = (len(seq.stats.text), stops.pending + held_back(detok) if shaper.plain else "")
         if not final:
             return
         if stops.hit and r.finish_reason is None:

@@ -42,7 +42,7 @@ from abstract_client.stopping.token import StopToken
 from abstract_client.types import GenerationRequest, Message, StreamChunk, Timings, Usage
 
 from .._engine import EngineStop, RequestStats
-from .._output import OutputShaper, chat_messages
+from .._output import OutputShaper, chat_messages, held_back
 from .model import MLXModel
 
 __all__ = ["VisionModel", "generate_with_images", "is_vision_model"]
@@ -325,7 +325,7 @@ def generate_with_images(
             text += stops.flush()
         for piece in shaper.feed(text, final=final):
             emit(piece)
-        stats.snapshot = (len(stats.text), stops.pending if shaper.plain else "")
+        stats.snapshot = (len(stats.text), stops.pending + held_back(detok) if shaper.plain else "")
         if final:
             decode_s = max(time.perf_counter() - decode_started, 1e-9)
             emit(
