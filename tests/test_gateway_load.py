@@ -112,6 +112,7 @@ def test_the_disconnect_stops_the_flight_in_connection_lost(monkeypatch: pytest.
         await anyio.sleep_forever()
 
     monkeypatch.setattr(gateway_app, "watch_disconnect", never)
+    monkeypatch.setattr(gateway_app.disconnects, "watcher", lambda: None)  # no disconnect thread either
     with FakeOpenAIServer(token_delay=0.01) as up:
         backend = BackendConfig(name="m", provider="openai-compatible", model="fake-model", base_url=up.base_url)
         with InProcessGateway(GatewayConfig(backends=[backend])) as gw:
@@ -131,6 +132,64 @@ def test_the_disconnect_stops_the_flight_in_connection_lost(monkeypatch: pytest.
             while gw.gateway.metrics.stops.get(("m", "client_disconnect"), 0) < 1:
                 assert time.monotonic() < deadline, dict(gw.gateway.metrics.stops)
                 time.sleep(0.02)
+
+
+def _stream_three_frames(gw: InProcessGateway) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", gw.port))
+    body = json.dumps({"model": "m", "messages": HELLO, "max_tokens": 100_000, "stream": True})
+    sock.sendall(
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n{body}".encode()
+    )
+    got = b""
+    while got.count(b"data: ") < 3:
+        got += sock.recv(65536)
+    return sock
+
+
+def test_a_disconnect_severs_the_upstream_while_the_loop_is_busy() -> None:
+    """The disconnect thread: with the gateway's event loop blocked for 6 s (standing in for a
+    loop loaded with hundreds of streams' chunk work), a client that leaves still has its
+    upstream severed at once. The loop's own paths could act only after the block."""
+    with FakeOpenAIServer(token_delay=0.01) as up:
+        backend = BackendConfig(name="m", provider="openai-compatible", model="fake-model", base_url=up.base_url)
+        with InProcessGateway(GatewayConfig(backends=[backend])) as gw:
+            sock = _stream_three_frames(gw)
+            record = up.wait_for_request(timeout=10)
+            loop = gw.gateway.loop
+            assert loop is not None
+            blocked = threading.Event()
+
+            def block() -> None:
+                blocked.set()
+                time.sleep(6)
+
+            loop.call_soon_threadsafe(block)
+            assert blocked.wait(10)
+            left = time.perf_counter()
+            sock.close()
+            severed = up.wait_for_disconnect(record, timeout=15)
+            assert severed - left < 3, f"the upstream was severed {severed - left:.2f}s after the client left"
+            deadline = time.monotonic() + 15  # and the loop's bookkeeping follows once it is free
+            while gw.gateway.metrics.stops.get(("m", "client_disconnect"), 0) < 1:
+                assert time.monotonic() < deadline, dict(gw.gateway.metrics.stops)
+                time.sleep(0.02)
+
+
+def test_a_finished_request_is_no_longer_watched_and_a_late_close_stops_nothing() -> None:
+    from abstract_client.gateway.disconnects import watcher
+
+    with FakeOpenAIServer(token_delay=0.0) as up:
+        backend = BackendConfig(name="m", provider="openai-compatible", model="fake-model", base_url=up.base_url)
+        with InProcessGateway(GatewayConfig(backends=[backend])) as gw:
+            with httpx.Client() as client:
+                for _ in range(5):  # keep-alive: one connection, five requests
+                    body = {"model": "m", "messages": HELLO, "max_tokens": 3}
+                    assert client.post(gw.url + "/v1/chat/completions", json=body).status_code == 200
+            w = watcher()
+            assert w is not None and w.watching == 0  # every request's watch ended with it
+            time.sleep(0.2)
+            assert gw.gateway.metrics.stops.get(("m", "client_disconnect"), 0) == 0
 
 
 def _read_until_closed(sock: socket.socket, limit: float) -> tuple[bytes, float]:

@@ -18,6 +18,7 @@ import json
 import logging
 import re
 import socket
+import threading
 import time
 import uuid
 from collections import OrderedDict
@@ -40,6 +41,7 @@ from ..llm import LLM
 from ..registry import create_llm, runs_in_process
 from ..stopping.abort import AbortController
 from ..types import GenerateResult
+from . import disconnects
 from .config import BackendConfig, ConfigError, GatewayConfig
 from .metrics import Metrics
 from .openai_wire import (
@@ -117,17 +119,38 @@ class Flight:
         self.write_timeout = write_timeout  # a client that reads nothing for this long is stalled
         self.queue_scope: anyio.CancelScope | None = None
         self.span: Any = None  # the request's SERVER span, when tracing is on
+        self.finished = False  # the response is done: a late disconnect is not its stop
+        self._loop: asyncio.AbstractEventLoop | None = None  # set when it starts on the loop
+        self._claim_lock = threading.Lock()
+
+    def _claim(self, reason: str) -> bool:
+        """Record the stop's reason (the first wins, from any thread)."""
+        with self._claim_lock:
+            if reason == "client_disconnect":
+                self.client_gone = True
+            if self.reason is not None or self.finished:
+                return False
+            self.reason, self.stop_seen_at = reason, time.perf_counter()
+            return True
 
     def stop(self, reason: str) -> None:
-        """From the disconnect watcher, the cancel endpoint or shutdown (first reason wins)."""
-        if reason == "client_disconnect":
-            self.client_gone = True
-        if self.reason is not None:
-            return
-        self.reason, self.stop_seen_at = reason, time.perf_counter()
+        """On the loop: from the protocol's ``connection_lost``, the ASGI disconnect watcher,
+        the cancel endpoint or shutdown."""
+        if self._claim(reason):
+            self.controller.abort(reason)  # severs the upstream
+            self._after_stop(reason)
+
+    def stop_from_thread(self, reason: str) -> None:
+        """From the disconnect thread (``disconnects.py``): the upstream is severed here, on
+        that thread; the rest follows on the loop."""
+        if self._claim(reason):
+            self.controller.abort(reason)
+            if self._loop is not None:
+                self._loop.call_soon_threadsafe(self._after_stop, reason)
+
+    def _after_stop(self, reason: str) -> None:
         if self.span is not None:  # the chain, on the request's span: stop seen ... engine stopped
             self.span.add_event("stop", {"abstract_client.stop.reason": reason})
-        self.controller.abort(reason)
         if self.queue_scope is not None:
             self.queue_scope.cancel()
 
@@ -245,9 +268,13 @@ class GenerationResponse:
             await send_json(send, 409, openai_error(message, "invalid_request_error", "duplicate_request_id"))
             return
         flight = Flight(self.request_id, backend, write_timeout=gateway.config.write_timeout)
+        flight._loop = asyncio.get_running_loop()
         state = scope.setdefault("state", {})
         flight.owner = state.get("owner")
         state["flight"] = flight  # the protocol's connection_lost stops it directly
+        # ... and before that, the disconnect thread (it does not wait for the loaded loop)
+        watching = disconnects.watcher()
+        watched = watching.watch(state["client_socket"], flight) if watching and state.get("client_socket") else None
         gateway.flights[self.request_id] = flight
         gateway.metrics.started(backend.name)
         status = 500
@@ -260,6 +287,9 @@ class GenerationResponse:
                     status = await self._in_slot(flight, send)
                     tg.cancel_scope.cancel()
             finally:
+                flight.finished = True
+                if watching is not None:
+                    watching.unwatch(watched)
                 del gateway.flights[self.request_id]
                 gateway.metrics.finished(backend.name, self.endpoint, status)
                 if flight.span is not None:

@@ -18,6 +18,8 @@ from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from .disconnects import client_socket
+
 __all__ = ["GatewayProtocol", "protocol_class"]
 
 _TIMEOUT_408 = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
@@ -49,6 +51,8 @@ class GatewayProtocol(H11Protocol):
         super().data_received(data)
         if self.cycle is not None and self.cycle is not self._head_cycle:  # a head arrived
             self._head_cycle = self.cycle
+            # the app hands it to the disconnect thread (disconnects.py) while a request runs
+            self.cycle.scope.setdefault("state", {})["client_socket"] = client_socket(self.transport)
             if self._head_timer is not None:
                 self._head_timer.cancel()
                 self._head_timer = None
