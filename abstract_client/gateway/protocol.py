@@ -4,7 +4,9 @@
    ``connection_lost`` → an event → the watcher task's wake-up: three turns of the event loop,
    and under load every turn carries every stream's queued chunk work (this was the 1-2 s stop
    at 300 streams). Here ``connection_lost`` stops the request's flight itself: the upstream
-   socket is shut down in that same callback.
+   socket is shut down in that same callback. (Before it, the disconnect thread of
+   ``disconnects.py`` has usually done so already, without waiting for the loop; the protocol
+   hands it each request's client socket.)
 2. **Slowloris.** uvicorn has no header timeout: a connection that sends its headers one byte a
    second is held forever. A connection whose request head is not complete within
    ``header_timeout`` seconds (from its first byte, or from the connection) gets a 408 and is
