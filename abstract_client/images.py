@@ -138,6 +138,8 @@ def resolve_images(messages: list[Message], limits: ImageLimits) -> list[Message
             if not url.startswith("data:") and not limits.local_files:
                 raise ImageInputError(f"{where}: images must be data URLs or http(s) URLs here, not files")
             mime, data = decode_data_url(url, where) if url.startswith("data:") else _read_file(url, where, limits)
+            if sniff_mime(data) is None:
+                raise ImageInputError(f"{where}: the data is not a PNG, JPEG, GIF, BMP or WebP image")
             if len(data) > limits.max_bytes:
                 raise ImageInputError(f"{where}: the image is {len(data):,} bytes, over max_bytes={limits.max_bytes:,}")
             if not url.startswith("data:"):

@@ -118,10 +118,11 @@ def test_llama_server_without_a_projector_is_refused_before_the_generation() -> 
         (lambda: ask(*[image_part(PNG)] * 3), "more than 2 images"),
         (lambda: ask({"type": "image_url", "image_url": {"url": "data:image/png;base64,###"}}), "not valid base64"),
         (lambda: ask({"type": "image_url", "image_url": {"url": "data:text/plain;base64,aGk="}}), "not an image"),
+        (lambda: ask({"type": "image_url", "image_url": {"url": "data:image/png;base64,aGk="}}), "not a PNG"),
         (lambda: ask({"type": "image_url", "image_url": {"url": "/nonexistent/cat.png"}}), "cannot read"),
         (lambda: ask({"type": "image_url", "image_url": {}}), "needs image_url"),
     ],
-    ids=["too-large", "too-many", "bad-base64", "not-an-image", "missing-file", "no-url"],
+    ids=["too-large", "too-many", "bad-base64", "not-an-image", "not-image-bytes", "missing-file", "no-url"],
 )
 def test_a_bad_image_is_refused_at_the_call_site(make: Any, match: str) -> None:
     with FakeOpenAIServer() as server:

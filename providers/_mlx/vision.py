@@ -26,6 +26,7 @@ prompt cache is keyed by.
 
 from __future__ import annotations
 
+import base64
 import importlib.util
 import io
 import json
@@ -188,8 +189,6 @@ def _template_messages(messages: list[Message], images: list[Any]) -> list[dict[
         for part in content:
             if part.get("type") == "image_url":
                 _, payload = base64_payload(part, "mlx")
-                import base64
-
                 image = Image.open(io.BytesIO(base64.b64decode(payload)))
                 images.append(ImageOps.exif_transpose(image).convert("RGB"))
                 parts.append({"type": "image"})
