@@ -104,6 +104,27 @@ def test_the_fast_frame_encoder_says_what_chunk_frames_says(chat: bool) -> None:
         assert got == expected, chunk
 
 
+def _stream_three_frames(gw: InProcessGateway) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", gw.port))
+    body = json.dumps({"model": "m", "messages": HELLO, "max_tokens": 100_000, "stream": True})
+    sock.sendall(
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n{body}".encode()
+    )
+    got = b""
+    while got.count(b"data: ") < 3:
+        got += sock.recv(65536)
+    return sock
+
+
+def _wait_for_the_disconnect_stop(gw: InProcessGateway) -> None:
+    """The gateway's own record: one stop with reason client_disconnect."""
+    deadline = time.monotonic() + 15
+    while gw.gateway.metrics.stops.get(("m", "client_disconnect"), 0) < 1:
+        assert time.monotonic() < deadline, dict(gw.gateway.metrics.stops)
+        time.sleep(0.02)
+
+
 def test_the_disconnect_stops_the_flight_in_connection_lost(monkeypatch: pytest.MonkeyPatch) -> None:
     """With the ASGI disconnect watcher disabled, a client that closes its socket still stops
     the upstream: the protocol's ``connection_lost`` stops the flight itself."""
@@ -116,35 +137,12 @@ def test_the_disconnect_stops_the_flight_in_connection_lost(monkeypatch: pytest.
     with FakeOpenAIServer(token_delay=0.01) as up:
         backend = BackendConfig(name="m", provider="openai-compatible", model="fake-model", base_url=up.base_url)
         with InProcessGateway(GatewayConfig(backends=[backend])) as gw:
-            body = json.dumps({"model": "m", "messages": HELLO, "max_tokens": 100_000, "stream": True})
-            with socket.create_connection(("127.0.0.1", gw.port)) as sock:
-                sock.sendall(
-                    f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                    f"Content-Length: {len(body)}\r\n\r\n{body}".encode()
-                )
-                got = b""
-                while got.count(b"data: ") < 3:
-                    got += sock.recv(65536)
+            with _stream_three_frames(gw):
+                pass  # leaving the block closes the socket: the disconnect
             record = up.wait_for_request(timeout=10)
             up.wait_for_disconnect(record, timeout=15)
             assert record.tokens_sent < 100_000
-            deadline = time.monotonic() + 15
-            while gw.gateway.metrics.stops.get(("m", "client_disconnect"), 0) < 1:
-                assert time.monotonic() < deadline, dict(gw.gateway.metrics.stops)
-                time.sleep(0.02)
-
-
-def _stream_three_frames(gw: InProcessGateway) -> socket.socket:
-    sock = socket.create_connection(("127.0.0.1", gw.port))
-    body = json.dumps({"model": "m", "messages": HELLO, "max_tokens": 100_000, "stream": True})
-    sock.sendall(
-        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n{body}".encode()
-    )
-    got = b""
-    while got.count(b"data: ") < 3:
-        got += sock.recv(65536)
-    return sock
+            _wait_for_the_disconnect_stop(gw)
 
 
 def test_a_disconnect_severs_the_upstream_while_the_loop_is_busy() -> None:
@@ -170,10 +168,7 @@ def test_a_disconnect_severs_the_upstream_while_the_loop_is_busy() -> None:
             sock.close()
             severed = up.wait_for_disconnect(record, timeout=15)
             assert severed - left < 3, f"the upstream was severed {severed - left:.2f}s after the client left"
-            deadline = time.monotonic() + 15  # and the loop's bookkeeping follows once it is free
-            while gw.gateway.metrics.stops.get(("m", "client_disconnect"), 0) < 1:
-                assert time.monotonic() < deadline, dict(gw.gateway.metrics.stops)
-                time.sleep(0.02)
+            _wait_for_the_disconnect_stop(gw)  # and the loop's bookkeeping follows once it is free
 
 
 def test_a_finished_request_is_no_longer_watched_and_a_late_close_stops_nothing() -> None:
