@@ -118,10 +118,8 @@ class MLXProvider(EngineProvider):
     def _generate_text(
         self, request: GenerationRequest, token: StopToken, stats: RequestStats, emit: Callable[[object], None]
     ) -> None:
-        import mlx.core as mx
         from mlx_lm import stream_generate
         from mlx_lm.models.cache import make_prompt_cache
-        from mlx_lm.sample_utils import make_logits_processors
 
         gen = kv = None
         handle = self.handle
@@ -148,15 +146,7 @@ class MLXProvider(EngineProvider):
                     stats.stopped_in = "prefill"
                     raise EngineStop
 
-            if request.seed is not None:
-                mx.random.seed(request.seed)  # global RNG: requests run one at a time on this thread
-            bias = extra.get("logit_bias")
-            processors = make_logits_processors(
-                logit_bias={int(k): float(v) for k, v in bias.items()} if bias else None,  # JSON keys are strings
-                repetition_penalty=extra.get("repetition_penalty"),
-            )
-            if request.response_format is not None:
-                processors.append(handle.grammar(request, len(rest)))  # the tokens it is shown
+            processors = handle.logits_processors(request, len(rest))  # the grammar is shown `rest`
             shaper = OutputShaper(
                 tokenizer,
                 prompt_ids=ids,

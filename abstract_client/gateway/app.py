@@ -108,7 +108,14 @@ class Backend:
 class Flight:
     """One request in flight: what stops it, and when the stop was seen."""
 
-    def __init__(self, request_id: str, backend: Backend, *, write_timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        request_id: str,
+        backend: Backend,
+        *,
+        write_timeout: float = 30.0,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
         self.request_id = request_id
         self.backend = backend
         self.controller = AbortController()
@@ -120,7 +127,7 @@ class Flight:
         self.queue_scope: anyio.CancelScope | None = None
         self.span: Any = None  # the request's SERVER span, when tracing is on
         self.finished = False  # the response is done: a late disconnect is not its stop
-        self._loop: asyncio.AbstractEventLoop | None = None  # set when it starts on the loop
+        self._loop = loop  # where a stop from another thread sends its bookkeeping
         self._claim_lock = threading.Lock()
 
     def _claim(self, reason: str) -> bool:
@@ -267,8 +274,8 @@ class GenerationResponse:
             message = f"request {self.request_id} is already in flight"
             await send_json(send, 409, openai_error(message, "invalid_request_error", "duplicate_request_id"))
             return
-        flight = Flight(self.request_id, backend, write_timeout=gateway.config.write_timeout)
-        flight._loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
+        flight = Flight(self.request_id, backend, write_timeout=gateway.config.write_timeout, loop=loop)
         state = scope.setdefault("state", {})
         flight.owner = state.get("owner")
         state["flight"] = flight  # the protocol's connection_lost stops it directly

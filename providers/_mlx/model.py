@@ -100,6 +100,26 @@ class MLXModel:
             top_k=extra.get("top_k", 0),
         )
 
+    def logits_processors(self, request: GenerationRequest, shown: int) -> list[Any]:
+        """Seed mlx's RNG for the request and build its logits processors: ``logit_bias`` (JSON
+        keys are strings), ``repetition_penalty``, and the ``response_format`` grammar, which is
+        shown ``shown`` prompt tokens. mlx's RNG is global: requests with a seed run one at a time
+        on the engine thread (the batch engine waits for them)."""
+        import mlx.core as mx
+        from mlx_lm.sample_utils import make_logits_processors
+
+        if request.seed is not None:
+            mx.random.seed(request.seed)
+        extra = self.extra(request)
+        bias = extra.get("logit_bias")
+        processors: list[Any] = make_logits_processors(
+            logit_bias={int(k): float(v) for k, v in bias.items()} if bias else None,
+            repetition_penalty=extra.get("repetition_penalty"),
+        )
+        if request.response_format is not None:
+            processors.append(self.grammar(request, shown))
+        return processors
+
     def grammar(self, request: GenerationRequest, prompt_len: int) -> Any:
         """The constraining logits processor for ``response_format`` (llguidance's tokenizer is
         built once per loaded model: ~0.6 s for a 49k vocabulary)."""

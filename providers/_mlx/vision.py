@@ -211,7 +211,6 @@ def generate_with_images(
     each (raises :class:`EngineStop` where it sees it; the caller records it)."""
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
-    from mlx_lm.sample_utils import make_logits_processors
 
     model, tokenizer = handle.ensure_loaded()
     ids, pixel_values, extra_inputs = handle.inputs(request)
@@ -266,16 +265,8 @@ def generate_with_images(
 
     # 3. decode
     stats.phase, stats.phase_started["decode"] = "decode", time.perf_counter()
-    if request.seed is not None:
-        mx.random.seed(request.seed)
     sampler = handle.sampler(request)
-    bias = extra.get("logit_bias")
-    processors = make_logits_processors(
-        logit_bias={int(k): float(v) for k, v in bias.items()} if bias else None,
-        repetition_penalty=extra.get("repetition_penalty"),
-    )
-    if request.response_format is not None:
-        processors.append(handle.grammar(request, len(ids)))
+    processors = handle.logits_processors(request, len(ids))
     history = mx.array(ids)
 
     def sample(inputs: Any, inputs_embeds: Any = None, **kwargs: Any) -> Any:
