@@ -27,6 +27,8 @@ from abstract_client.testing import FakeOpenAIServer
 from abstract_client.testing.gateway import GatewayProcess, InProcessGateway
 from abstract_client.types import StreamChunk, ToolCallDelta
 
+from .helpers import wait_until
+
 HELLO = [{"role": "user", "content": "hi"}]
 
 
@@ -119,10 +121,8 @@ def _stream_three_frames(gw: InProcessGateway) -> socket.socket:
 
 def _wait_for_the_disconnect_stop(gw: InProcessGateway) -> None:
     """The gateway's own record: one stop with reason client_disconnect."""
-    deadline = time.monotonic() + 15
-    while gw.gateway.metrics.stops.get(("m", "client_disconnect"), 0) < 1:
-        assert time.monotonic() < deadline, dict(gw.gateway.metrics.stops)
-        time.sleep(0.02)
+    stops = gw.gateway.metrics.stops
+    assert wait_until(lambda: stops.get(("m", "client_disconnect"), 0) >= 1, 15, 0.02), dict(stops)
 
 
 def test_the_disconnect_stops_the_flight_in_connection_lost(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -186,10 +186,7 @@ def test_a_finished_request_is_no_longer_watched_and_a_late_close_stops_nothing(
                 # while the connection is still open, every request's watch has ended with it (the
                 # response's last bytes can reach us a moment before the handler's ``finally``
                 # unwatches, so wait for it, generously; the client's close would clear it too)
-                deadline = time.monotonic() + 10
-                while w.watching and time.monotonic() < deadline:
-                    time.sleep(0.01)
-                assert w.watching == 0
+                assert wait_until(lambda: w.watching == 0, 10, 0.01), w.watching
             time.sleep(0.2)
             assert gw.gateway.metrics.stops.get(("m", "client_disconnect"), 0) == 0
 

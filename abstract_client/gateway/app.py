@@ -274,8 +274,9 @@ class GenerationResponse:
             message = f"request {self.request_id} is already in flight"
             await send_json(send, 409, openai_error(message, "invalid_request_error", "duplicate_request_id"))
             return
-        loop = asyncio.get_running_loop()
-        flight = Flight(self.request_id, backend, write_timeout=gateway.config.write_timeout, loop=loop)
+        flight = Flight(
+            self.request_id, backend, write_timeout=gateway.config.write_timeout, loop=asyncio.get_running_loop()
+        )
         state = scope.setdefault("state", {})
         flight.owner = state.get("owner")
         state["flight"] = flight  # the protocol's connection_lost stops it directly
