@@ -238,8 +238,7 @@ async def openai_sse_chunks(
                 for chunk in chat_chunks(frame) if mapping is None else [mapping(frame)]:
                     finished = finished or chunk.finish_reason is not None
                     yield chunk
-    if decoder.has_partial:
-        raise ProviderProtocolError("the stream ended in the middle of an SSE frame")
+    decoder.end()
     if not finished:
         raise ProviderProtocolError("the stream ended before its final frame ([DONE] or a finish_reason)")
 

@@ -5,6 +5,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import respx.mocks
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -16,6 +17,11 @@ from abstract_client.testing import (
     FakeOpenAIServer,
     FakeServer,
 )
+
+# respx's default mocker patches httpcore's pool, and generations do not go through httpcore (the
+# lanes' private connections use abstract_client.http.connection): mock at the httpx client's
+# transport choice instead, which sees every request whatever the transport.
+respx.mocks.DEFAULT_MOCKER = "httpx"
 
 # The contract suite runs on every HTTP lane, each against its protocol-faithful fake server.
 LANES: dict[str, type[FakeServer]] = {

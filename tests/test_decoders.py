@@ -1,4 +1,4 @@
-"""The pure SSE and NDJSON decoders: unit cases and Hypothesis fuzzing.
+"""The pure SSE, NDJSON and HTTP/1.1 response decoders: unit cases and Hypothesis fuzzing.
 
 The fuzz runs 300 examples per property in the default suite; set ``FUZZ_EXAMPLES=100000`` for
 the on-demand run (``scripts/fuzz.sh``).
@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from abstract_client import ProviderProtocolError
+from abstract_client.http.http11 import MAX_HEAD_BYTES, HTTPProtocolError, ResponseReader
 from abstract_client.http.ndjson import NDJSONDecoder
 from abstract_client.http.sse import SSEDecoder, SSEEvent
 
@@ -149,3 +150,144 @@ def test_ndjson_fuzz_roundtrip(objs: list[dict[str, object]], size: int) -> None
         out.extend(decoder.feed(raw[i : i + size]))
     out.extend(decoder.close())
     assert out == objs
+
+
+# -- events before bad bytes in the same read come out first -------------------------------------
+
+
+def test_sse_events_before_bad_bytes_in_the_same_read_come_out_then_the_error() -> None:
+    """One read may carry many frames (the HTTP reader hands over whole reads): the frames before
+    invalid UTF-8 are partial text the caller must keep; the error follows on the next call."""
+    decoder = SSEDecoder()
+    events = decoder.feed(b'data: {"a": 1}\n\ndata: {"b": 2}\n\ndata: "\xff"\n\n')
+    assert [e.data for e in events] == ['{"a": 1}', '{"b": 2}']
+    with pytest.raises(ProviderProtocolError, match="UTF-8"):
+        decoder.end()
+    with pytest.raises(ProviderProtocolError, match="UTF-8"):
+        decoder.feed(b"data: more\n\n")
+
+
+def test_ndjson_objects_before_a_bad_line_in_the_same_read_come_out_then_the_error() -> None:
+    decoder = NDJSONDecoder()
+    assert decoder.feed(b'{"a": 1}\n{"b": 2}\nnot json\n') == [{"a": 1}, {"b": 2}]
+    with pytest.raises(ProviderProtocolError, match="malformed"):
+        decoder.close()
+
+
+# -- the HTTP/1.1 response reader (abstract_client/http/http11.py) -----------------------------------
+
+
+def read_response(parts: list[bytes], method: bytes = b"POST", eof: bool = True) -> tuple[ResponseReader, bytes]:
+    reader = ResponseReader(method)
+    body = b"".join(reader.feed(p) for p in parts)
+    if eof and not reader.complete:
+        reader.feed_eof()
+    return reader, body
+
+
+def cut(data: bytes, cuts: list[int]) -> list[bytes]:
+    points = sorted({c % (len(data) + 1) for c in cuts})
+    return [data[a:b] for a, b in zip([0, *points], [*points, len(data)], strict=True)]
+
+
+def chunked(parts: list[bytes], *, ext: bool = False, trailers: bool = False) -> bytes:
+    out = b"".join(b"%x%s\r\n%s\r\n" % (len(p), b";x=y" if ext else b"", p) for p in parts if p)
+    return out + b"0\r\n" + (b"X-Trailer: 1\r\n" if trailers else b"") + b"\r\n"
+
+
+def test_http11_a_chunked_stream_read_at_once_is_one_body_piece() -> None:
+    """The reason the reader exists: a read that holds 500 chunks is one body piece, not 500."""
+    frames = [b'data: {"i": %d}\n\n' % i for i in range(500)]
+    reader = ResponseReader()
+    pieces = [reader.feed(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked(frames))]
+    assert pieces == [b"".join(frames)] and reader.reusable
+    assert reader.head is not None and reader.head.status == 200
+
+
+@pytest.mark.parametrize(
+    ("raw", "reusable", "body"),
+    [
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabc", True, b"abc"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc", False, b"abc"),
+        (b"HTTP/1.0 200 OK\r\nContent-Length: 3\r\n\r\nabc", False, b"abc"),
+        (b"HTTP/1.0 200 OK\r\nContent-Length: 3\r\nConnection: keep-alive\r\n\r\nabc", True, b"abc"),
+        (b"HTTP/1.1 200 OK\r\n\r\nuntil the close", False, b"until the close"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nraw", False, b"raw"),
+        (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n", True, b""),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabcSURPLUS", False, b"abc"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 3, 3\r\n\r\nabc", True, b"abc"),
+    ],
+)
+def test_http11_framing_and_reuse(raw: bytes, reusable: bool, body: bytes) -> None:
+    reader, got = read_response([raw])
+    assert got == body and reader.complete and reader.reusable is reusable
+
+
+def test_http11_head_has_no_body_and_a_cut_body_is_an_error() -> None:
+    reader, body = read_response([b"HTTP/1.1 200 OK\r\nContent-Length: 99\r\n\r\n"], method=b"HEAD")
+    assert body == b"" and reader.reusable
+    for raw in (
+        b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nabc",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-",
+        b"",
+    ):
+        with pytest.raises(HTTPProtocolError):
+            read_response([raw])
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"HTTP/2 200 OK\r\n\r\n",
+        b"HTTP/1.1 2000 OK\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nno colon\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\n folded: x\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nabc\r\n",
+        b"HTTP/1.1 101 Switching Protocols\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nX: " + b"a" * (MAX_HEAD_BYTES + 10),
+    ],
+)
+def test_http11_malformed_is_a_protocol_error(raw: bytes) -> None:
+    with pytest.raises(HTTPProtocolError):
+        read_response([raw])
+
+
+@fuzz
+@given(st.binary(max_size=2000), st.lists(st.integers(min_value=0, max_value=2000), max_size=8))
+def test_http11_fuzz_only_typed_errors(data: bytes, cuts: list[int]) -> None:
+    for prefix in (b"", b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"):
+        try:
+            read_response(cut(prefix + data, cuts))
+        except HTTPProtocolError:
+            pass
+
+
+@fuzz
+@given(
+    st.lists(st.binary(max_size=300), max_size=12),
+    st.sampled_from(["chunked", "length", "close"]),
+    st.booleans(),
+    st.lists(st.integers(min_value=0, max_value=5000), max_size=10),
+)
+def test_http11_fuzz_any_cuts_give_the_same_body(
+    parts: list[bytes], framing: str, extras: bool, cuts: list[int]
+) -> None:
+    body = b"".join(parts)
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+    if framing == "chunked":
+        raw = head + b"Transfer-Encoding: chunked\r\n\r\n" + chunked(parts, ext=extras, trailers=extras)
+    elif framing == "length":
+        raw = head + b"Content-Length: %d\r\n\r\n" % len(body) + body
+    else:
+        raw = head + b"Connection: close\r\n\r\n" + body
+    if extras:
+        raw = b"HTTP/1.1 100 Continue\r\n\r\n" + raw
+    reader, got = read_response(cut(raw, cuts))
+    assert got == body and reader.complete
+    assert reader.reusable is (framing != "close")
+    assert reader.head is not None and (b"Content-Type", b"text/event-stream") in reader.head.headers

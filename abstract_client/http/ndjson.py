@@ -21,10 +21,24 @@ class NDJSONDecoder:
     def __init__(self, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> None:
         self.max_line_bytes = max_line_bytes
         self._buf = bytearray()
+        self._error: ProviderProtocolError | None = None
 
     def feed(self, chunk: bytes) -> list[Any]:
-        self._buf += chunk
+        """The objects ``chunk`` completes. A bad line raises — but the objects before it in the
+        same ``chunk`` come out first: the error is then raised by the next ``feed`` or ``close``."""
+        if self._error is not None:
+            raise self._error
         out: list[Any] = []
+        try:
+            self._feed(chunk, out)
+        except ProviderProtocolError as exc:
+            if not out:
+                raise
+            self._error = exc
+        return out
+
+    def _feed(self, chunk: bytes, out: list[Any]) -> None:
+        self._buf += chunk
         start = 0
         buf = self._buf
         while True:
@@ -38,10 +52,11 @@ class NDJSONDecoder:
         del buf[:start]
         if len(buf) > self.max_line_bytes:
             raise ProviderProtocolError(f"NDJSON line longer than {self.max_line_bytes} bytes")
-        return out
 
     def close(self) -> list[Any]:
         """End of input: a last line without its newline is still parsed (or rejected)."""
+        if self._error is not None:
+            raise self._error
         rest, self._buf = bytes(self._buf), bytearray()
         obj = self._parse(rest)
         return [] if obj is _BLANK else [obj]

@@ -40,17 +40,39 @@ class SSEDecoder:
         self._last_id: str | None = None
         self._retry: int | None = None
         self.comments = 0  # keep-alive pings seen (useful for idle diagnostics)
+        self._error: ProviderProtocolError | None = None
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
+        """The events ``chunk`` completes. Bad bytes raise — but the events before them in the
+        same ``chunk`` come out first (one read may carry many frames, and the partial text must
+        keep them): the error is then raised by the next ``feed`` or by :meth:`end`."""
+        if self._error is not None:
+            raise self._error
         events: list[SSEEvent] = []
+        try:
+            self._feed(chunk, events)
+        except ProviderProtocolError as exc:
+            if not events:
+                raise
+            self._error = exc
+        return events
+
+    def end(self) -> None:
+        """End of input: raise what ``feed`` held back, or the cut if it ended inside a frame."""
+        if self._error is not None:
+            raise self._error
+        if self.has_partial:
+            raise ProviderProtocolError("the stream ended in the middle of an SSE frame")
+
+    def _feed(self, chunk: bytes, events: list[SSEEvent]) -> None:
         if not chunk:
-            return events
+            return
         if not self._skip_lf and self._bom_checked and b"\n" in chunk:
             # a line cut by the previous read is completed here, so the fast path stays taken
             # when reads do not fall on line ends (they almost never do)
             joined = bytes(self._buf) + chunk if self._buf else chunk
             if self._feed_lf_only(joined, events):
-                return events
+                return
         if self._skip_lf and chunk[:1] == b"\n":
             chunk = chunk[1:]
         self._skip_lf = False
@@ -58,7 +80,7 @@ class SSEDecoder:
         if not self._bom_checked:
             # A UTF-8 BOM is skipped only at the very start of the stream.
             if len(self._buf) < 3 and _BOM.startswith(bytes(self._buf)):
-                return events  # could still be a BOM: wait for more bytes
+                return  # could still be a BOM: wait for more bytes
             if self._buf.startswith(_BOM):
                 del self._buf[:3]
             self._bom_checked = True
@@ -86,7 +108,6 @@ class SSEDecoder:
         del buf[:start]
         if len(buf) > self.max_line_bytes:
             raise ProviderProtocolError(f"SSE line longer than {self.max_line_bytes} bytes")
-        return events
 
     def _feed_lf_only(self, chunk: bytes, events: list[SSEEvent]) -> bool:
         """The common case, in one pass: nothing buffered, LF line endings, complete UTF-8 lines.
@@ -123,7 +144,7 @@ class SSEDecoder:
     @property
     def has_partial(self) -> bool:
         """True when input ended in the middle of a line or an event block."""
-        return bool(self._buf) or bool(self._data)
+        return bool(self._buf) or bool(self._data) or self._error is not None
 
     def _decode(self, raw: bytes) -> str:
         if len(raw) > self.max_line_bytes:

@@ -1,8 +1,8 @@
 """The two kinds of HTTP client an HTTP lane uses, one pair per event loop.
 
 * **pooled**: keep-alive connections, for calls nobody can stop mid-flight from another thread.
-* **private**: HTTP/1.1 connections made through :class:`GuardedBackend`, so the socket of the
-  call using one can be severed on stop. Every generation uses these. A connection is reused
+* **private**: HTTP/1.1 connections made by :class:`~.connection.GuardedTransport`, so the
+  socket of the call using one can be severed on stop. Every generation uses these. A connection is reused
   only after a call read its answer to the end and released it cleanly (``guard.detach``); one
   that was stopped, failed or abandoned is severed and never comes back. HTTP/1.1 because only a
   closed connection tells a server to stop (httpcore sends no HTTP/2 stream reset).
@@ -20,12 +20,11 @@ import weakref
 from collections.abc import AsyncGenerator
 from typing import Any
 
-import httpcore
 import httpx
 
 from .._validate import check_base_url
 from ..stopping._loop import loop_key
-from .guard import GuardedBackend
+from .connection import GuardedTransport
 
 __all__ = ["HttpClients", "PRIVATE_KEEPALIVE", "shared_ssl_context"]
 
@@ -41,22 +40,6 @@ def shared_ssl_context() -> ssl.SSLContext:
         if _ssl_context is None:
             _ssl_context = httpx.create_ssl_context()
         return _ssl_context
-
-
-class _PrivateTransport(httpx.AsyncHTTPTransport):
-    def __init__(self, ssl_context: ssl.SSLContext) -> None:
-        super().__init__(verify=ssl_context, http1=True, http2=False, trust_env=False)
-        # httpx builds its pool without a way to pass a network backend; replace it with one that
-        # captures each socket and keeps a few clean connections warm for the next call.
-        self._pool = httpcore.AsyncConnectionPool(
-            ssl_context=ssl_context,
-            max_connections=None,
-            max_keepalive_connections=PRIVATE_KEEPALIVE,
-            keepalive_expiry=5.0,
-            http1=True,
-            http2=False,
-            network_backend=GuardedBackend(),
-        )
 
 
 class HttpClients:
@@ -104,7 +87,7 @@ class HttpClients:
             if client is None:
                 transport: httpx.AsyncBaseTransport
                 if private:
-                    transport = _PrivateTransport(shared_ssl_context())
+                    transport = GuardedTransport(shared_ssl_context(), max_idle=PRIVATE_KEEPALIVE)
                 else:
                     transport = httpx.AsyncHTTPTransport(
                         verify=shared_ssl_context(),

@@ -80,8 +80,7 @@ async def sse_events(resp: httpx.Response) -> AsyncIterator[SSEEvent]:
     async for part in resp.aiter_bytes():
         for event in decoder.feed(part):
             yield event
-    if decoder.has_partial:  # a whole frame never ends without its blank line
-        raise ProviderProtocolError("the stream ended in the middle of an SSE frame")
+    decoder.end()  # a whole frame never ends without its blank line
 
 
 async def ndjson_objects(resp: httpx.Response) -> AsyncIterator[Any]:

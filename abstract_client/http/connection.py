@@ -1,0 +1,294 @@
+"""The private connections' HTTP/1.1 transport: every generation's request goes through it.
+
+An ``httpx.AsyncBaseTransport`` with its own small pool, over anyio streams (asyncio and trio),
+reading responses with the sans-io :class:`~.http11.ResponseReader`. It replaces httpcore here
+for two reasons, both measured on the gateway (docs/gateway.md):
+
+* a streamed body costs one pass per socket read, not per HTTP chunk (httpcore/h11: an event, a
+  state-machine step, a cancel scope and two generator hops per token);
+* a request costs a few hundred microseconds less (no pool lock, no request-status events, no
+  cancel scope where no timeout is set: only the connect timeout is, the contract owns the rest).
+
+The stop's side of it is :class:`~.guard.SocketGuard`'s, unchanged: a new connection's raw socket
+is handed to the connecting call's guard before the TLS handshake or the first byte is written,
+and an idle connection taken from the pool is handed from the guard of the call that released it
+to the guard of the call that takes it. A connection goes back to the pool only when its
+response was read to the end under a keep-alive; a stopped, failed, cancelled or abandoned one is
+closed and never comes back. An idle connection the server has closed (or written to) is
+dropped when it is taken, not used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import socket
+import ssl
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import anyio.abc
+import httpx
+from anyio.streams.tls import TLSStream
+
+from .guard import SocketGuard, current_guard
+from .http11 import HTTPProtocolError, ResponseReader
+
+__all__ = ["GuardedTransport"]
+
+READ_SIZE = 256 * 1024
+_Origin = tuple[str, str, int]
+
+
+class _Connection:
+    __slots__ = ("guard", "idle_since", "origin", "sock", "stream")
+
+    def __init__(self, stream: anyio.abc.ByteStream, sock: socket.socket | None, origin: _Origin) -> None:
+        self.stream = stream
+        self.sock = sock
+        self.guard: SocketGuard | None = None
+        self.origin = origin
+        self.idle_since = 0.0
+
+    def bind(self, guard: SocketGuard | None) -> None:
+        """This connection now carries ``guard``'s call: its stop severs this socket, and the
+        previous call's (late) stop no longer can."""
+        if guard is self.guard:
+            return
+        if self.guard is not None:
+            self.guard.detach(self.sock)
+        self.guard = guard
+        if guard is not None:
+            guard.attach(self.sock)
+
+    def closed_by_peer(self) -> bool:
+        """Idle in the pool, the server should have sent nothing: readable means it closed (or
+        broke the protocol), so the connection must not carry a request."""
+        if self.sock is None:
+            return False
+        try:
+            poller = select.poll()  # not select(): a loaded gateway's fds pass FD_SETSIZE
+            poller.register(self.sock.fileno(), select.POLLIN | select.POLLERR | select.POLLHUP)
+            return bool(poller.poll(0))
+        except (OSError, ValueError):
+            return True
+
+    async def aclose(self) -> None:
+        if self.guard is not None:
+            self.guard.detach(self.sock)  # before the fd is closed: a late stop never hits a reused fd
+            self.guard = None
+        with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+            await self.stream.aclose()
+
+
+class GuardedTransport(httpx.AsyncBaseTransport):
+    """HTTP/1.1 over connections whose sockets the calls' guards can sever."""
+
+    def __init__(self, ssl_context: ssl.SSLContext, *, max_idle: int, idle_expiry: float = 5.0) -> None:
+        self._ssl_context = ssl_context
+        self._max_idle = max_idle
+        self._idle_expiry = idle_expiry
+        self._idle: dict[_Origin, list[_Connection]] = {}
+        self._closed = False
+
+    @property
+    def idle_connections(self) -> int:
+        return sum(len(conns) for conns in self._idle.values())
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        url = request.url
+        if url.scheme not in ("http", "https"):
+            raise httpx.UnsupportedProtocol(f"unsupported scheme {url.scheme!r}", request=request)
+        port = url.port or (443 if url.scheme == "https" else 80)
+        origin: _Origin = (url.scheme, url.host, port)
+        timeouts: dict[str, float | None] = request.extensions.get("timeout", {})
+        conn = await self._take_idle(origin)
+        if conn is None:
+            conn = await self._connect(request, origin, timeouts.get("connect"))
+        conn.bind(current_guard.get())
+        try:
+            await self._send_request(conn, request, timeouts.get("write"))
+            reader = ResponseReader(request.method.encode("ascii"))
+            first = await self._read_head(conn, reader, request, timeouts.get("read"))
+        except BaseException:
+            await conn.aclose()
+            raise
+        head = reader.head
+        assert head is not None
+        return httpx.Response(
+            head.status,
+            headers=head.headers,
+            stream=_Body(self, conn, reader, first, request, timeouts.get("read")),
+            extensions={"http_version": head.version, "reason_phrase": head.reason},
+        )
+
+    async def aclose(self) -> None:
+        self._closed = True
+        idle, self._idle = self._idle, {}
+        for conns in idle.values():
+            for conn in conns:
+                await conn.aclose()
+
+    # -- connections -------------------------------------------------------------------------
+
+    async def _take_idle(self, origin: _Origin) -> _Connection | None:
+        conns = self._idle.get(origin)
+        now = time.monotonic()
+        while conns:
+            conn = conns.pop()  # the most recently used: the likeliest to be alive
+            if now - conn.idle_since < self._idle_expiry and not conn.closed_by_peer():
+                return conn
+            await conn.aclose()
+        return None
+
+    async def release(self, conn: _Connection) -> None:
+        """``conn`` finished a response cleanly: keep it for the next call. It stays bound to the
+        guard of the call that read it until another call takes it (that call's release detaches
+        it first, unless it was stopped: then its late sever closes an idle socket, which the
+        next taker sees and drops)."""
+        if self._closed:
+            await conn.aclose()
+            return
+        conn.idle_since = time.monotonic()
+        conns = self._idle.setdefault(conn.origin, [])
+        conns.append(conn)
+        if len(conns) > self._max_idle:
+            await conns.pop(0).aclose()
+
+    async def _connect(self, request: httpx.Request, origin: _Origin, timeout: float | None) -> _Connection:
+        scheme, host, port = origin
+        guard = current_guard.get()
+        try:
+            with anyio.fail_after(timeout):
+                stream: anyio.abc.ByteStream = await anyio.connect_tcp(host, port)
+                sock = stream.extra(anyio.abc.SocketAttribute.raw_socket, None)
+                conn = _Connection(stream, sock, origin)
+                conn.bind(guard)  # a stop during the handshake or the first write severs it
+                if scheme == "https":
+                    try:
+                        conn.stream = await TLSStream.wrap(
+                            stream, hostname=host, ssl_context=self._ssl_context, standard_compatible=False
+                        )
+                    except BaseException:
+                        await conn.aclose()
+                        raise
+        except TimeoutError as exc:
+            raise httpx.ConnectTimeout(f"connect to {host}:{port} timed out", request=request) from exc
+        except (OSError, ssl.SSLError, anyio.BrokenResourceError) as exc:
+            raise httpx.ConnectError(str(exc) or type(exc).__name__, request=request) from exc
+        return conn
+
+    # -- one exchange ------------------------------------------------------------------------
+
+    async def _send_request(self, conn: _Connection, request: httpx.Request, timeout: float | None) -> None:
+        target = request.url.raw_path
+        lines = [request.method.encode("ascii"), b" ", target, b" HTTP/1.1\r\n"]
+        for name, value in request.headers.raw:
+            lines += (name, b": ", value, b"\r\n")
+        lines.append(b"\r\n")
+        chunked = request.headers.get("transfer-encoding", "").lower() == "chunked"
+        data = b"".join(lines)
+        try:
+            with _deadline(timeout):
+                if isinstance(request.stream, httpx.ByteStream):
+                    body = b"".join(part for part in request.stream)  # already in memory: one write
+                    await conn.stream.send(data + (_chunk(body) + b"0\r\n\r\n" if chunked and body else body))
+                    return
+                await conn.stream.send(data)
+                async for part in request.stream:  # type: ignore[union-attr]
+                    if part:
+                        await conn.stream.send(_chunk(part) if chunked else part)
+                if chunked:
+                    await conn.stream.send(b"0\r\n\r\n")
+        except TimeoutError as exc:
+            raise httpx.WriteTimeout("write timed out", request=request) from exc
+        except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+            raise httpx.WriteError(str(exc) or type(exc).__name__, request=request) from exc
+
+    async def _read_head(
+        self, conn: _Connection, reader: ResponseReader, request: httpx.Request, timeout: float | None
+    ) -> bytes:
+        """Read until the head is in; return the body bytes that came with it."""
+        while True:
+            data = await _receive(conn, request, timeout)
+            try:
+                if not data:
+                    reader.feed_eof()
+                body = reader.feed(data)
+            except HTTPProtocolError as exc:
+                raise httpx.RemoteProtocolError(str(exc), request=request) from exc
+            if reader.head is not None:
+                return body
+
+
+class _Body(httpx.AsyncByteStream):
+    """The response body: yields, per socket read, every body byte that read completed."""
+
+    def __init__(
+        self,
+        transport: GuardedTransport,
+        conn: _Connection,
+        reader: ResponseReader,
+        first: bytes,
+        request: httpx.Request,
+        timeout: float | None,
+    ) -> None:
+        self._transport = transport
+        self._conn: _Connection | None = conn
+        self._reader = reader
+        self._first = first
+        self._request = request
+        self._timeout = timeout
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        conn, reader = self._conn, self._reader
+        if conn is None:
+            raise httpx.StreamClosed()
+        if self._first:
+            first, self._first = self._first, b""
+            yield first
+        while not reader.complete:
+            data = await _receive(conn, self._request, self._timeout)
+            try:
+                if not data:
+                    reader.feed_eof()
+                    break
+                body = reader.feed(data)
+            except HTTPProtocolError as exc:
+                raise httpx.RemoteProtocolError(str(exc), request=self._request) from exc
+            if body:
+                yield body
+
+    async def aclose(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        if self._reader.reusable:
+            await self._transport.release(conn)
+        else:  # stopped, failed, abandoned or not keep-alive: never reused
+            await conn.aclose()
+
+
+async def _receive(conn: _Connection, request: httpx.Request, timeout: float | None) -> bytes:
+    """The next bytes from the connection; ``b""`` at its end (a sever included)."""
+    try:
+        if timeout is None:  # the usual case: no cancel scope per read
+            return await conn.stream.receive(READ_SIZE)
+        with anyio.fail_after(timeout):
+            return await conn.stream.receive(READ_SIZE)
+    except anyio.EndOfStream:
+        return b""
+    except TimeoutError as exc:
+        raise httpx.ReadTimeout("read timed out", request=request) from exc
+    except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError, ssl.SSLError) as exc:
+        raise httpx.ReadError(str(exc) or type(exc).__name__, request=request) from exc
+
+
+def _deadline(timeout: float | None) -> Any:
+    return contextlib.nullcontext() if timeout is None else anyio.fail_after(timeout)
+
+
+def _chunk(part: bytes) -> bytes:
+    return b"%x\r\n%b\r\n" % (len(part), part)
