@@ -88,15 +88,20 @@ class CallContext:
             raise RuntimeError("this provider has no HTTP clients")
         return self.clients.get(private=True)  # every generation severs its own connection
 
-    def _timeout(self) -> httpx.Timeout:
-        # Only connect is enforced by httpx; first-token/idle/total are the contract's deadlines.
-        return httpx.Timeout(None, connect=self.connect_timeout)
+    def _timeout(self) -> dict[str, float | None]:
+        # Only connect is enforced by the transport; first-token/idle/total are the contract's deadlines.
+        return {"connect": self.connect_timeout, "read": None, "write": None, "pool": None}
 
     def stream(self, method: str, url: str, **kwargs: Any) -> AbstractAsyncContextManager[httpx.Response]:
-        return self.http().stream(method, url, timeout=self._timeout(), **self._traced(kwargs))
+        return self._clients().open(method, url, timeout=self._timeout(), **self._traced(kwargs))
 
     async def request(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
-        return await self.http().request(method, url, timeout=self._timeout(), **self._traced(kwargs))
+        return await self._clients().fetch(method, url, timeout=self._timeout(), **self._traced(kwargs))
+
+    def _clients(self) -> HttpClients:
+        if self.clients is None:
+            raise RuntimeError("this provider has no HTTP clients")
+        return self.clients
 
     def _traced(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         if self.trace_headers:

@@ -3,7 +3,9 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, ClassVar
 
+import httpx
 import pytest
 import respx.mocks
 
@@ -18,10 +20,36 @@ from abstract_client.testing import (
     FakeServer,
 )
 
-# respx's default mocker patches httpcore's pool, and generations do not go through httpcore (the
-# lanes' private connections use abstract_client.http.connection): mock at the httpx client's
-# transport choice instead, which sees every request whatever the transport.
-respx.mocks.DEFAULT_MOCKER = "httpx"
+
+class _TransportMocker(respx.mocks.AbstractRequestMocker):
+    """respx at the transports: the lanes' generations go straight to their private transport
+    (``abstract_client/http/connection.py``), past httpx's client and httpcore, where respx's own
+    mockers wait. The pooled clients' httpx transports are mocked the same way."""
+
+    name = "abstract-client-transports"
+    targets: ClassVar[list[str]] = [
+        "abstract_client.http.connection.GuardedTransport",
+        "httpx.AsyncHTTPTransport",
+        "httpx.HTTPTransport",
+    ]
+    target_methods: ClassVar[list[str]] = ["handle_async_request", "handle_request"]
+
+    @classmethod
+    def to_httpx_request(cls, **kwargs: Any) -> httpx.Request:
+        return kwargs["request"]  # type: ignore[no-any-return]
+
+    @classmethod
+    def from_sync_httpx_response(cls, httpx_response: httpx.Response, target: Any, **kwargs: Any) -> httpx.Response:
+        return httpx_response
+
+    @classmethod
+    async def from_async_httpx_response(
+        cls, httpx_response: httpx.Response, target: Any, **kwargs: Any
+    ) -> httpx.Response:
+        return httpx_response
+
+
+respx.mocks.DEFAULT_MOCKER = _TransportMocker.name
 
 # The contract suite runs on every HTTP lane, each against its protocol-faithful fake server.
 LANES: dict[str, type[FakeServer]] = {

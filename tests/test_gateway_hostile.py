@@ -185,6 +185,7 @@ def test_a_200_mb_upload_leaves_the_gateway_process_small(upstream: FakeOpenAISe
         ('[[backend]]\nname = "m"\nprovider = "openai-compatible"\nmax_concurrent = "4"\n', {}, "max_concurrent"),
         ('[[backend]]\nname = "m"\nprovider = "openai-compatible"\nbogus = 1\n', {}, "unknown [[backend]] key"),
         ("[server\n", {}, "not valid TOML"),
+        ('[server]\naccess_log = "yes"\n[[backend]]\nname = "m"\nprovider = "openai-compatible"\n', {}, "access_log"),
         (
             '[server]\napi_key_env = "AC_TEST_KEY"\n[[backend]]\nname = "m"\nprovider = "openai-compatible"\n',
             {},

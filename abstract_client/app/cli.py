@@ -351,6 +351,8 @@ def _gateway_config(args: argparse.Namespace) -> Any:
         config.workers = args.workers
     if args.ui:
         config.ui = True
+    if args.access_log:
+        config.access_log = True
     config.log_level = args.log_level
     config.__post_init__()  # the command line's values are checked like the file's
     return config
@@ -417,6 +419,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ui", action="store_true", help="serve a chat page with a Stop button at /")
     p.add_argument("--max-body-mb", type=float, default=None, help="largest request body in MiB (default 32): 413")
     p.add_argument("--log-level", default="info")
+    p.add_argument(
+        "--access-log", action="store_true", help="log a line per request (uvicorn's access log; off by default)"
+    )
     p.set_defaults(fn=cmd_serve)
 
     p = sub.add_parser("bench", help="benchmarks")

@@ -17,7 +17,8 @@ import contextlib
 import ssl
 import threading
 import weakref
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import httpx
@@ -58,6 +59,9 @@ class HttpClients:
         self._timeout = httpx.Timeout(None, connect=connect_timeout)
         self._lock = threading.Lock()
         self._by_loop: weakref.WeakKeyDictionary[Any, dict[bool, httpx.AsyncClient]] = weakref.WeakKeyDictionary()
+        self._private: weakref.WeakKeyDictionary[Any, GuardedTransport] = weakref.WeakKeyDictionary()
+        self._urls: dict[str, httpx.URL] = {}  # parsed once per path
+        self._base_headers: dict[str, str] | None = None
         self._closers: weakref.WeakKeyDictionary[Any, AsyncGenerator[None, None]] = weakref.WeakKeyDictionary()
 
     def __repr__(self) -> str:  # never show headers: they may carry an API key
@@ -87,7 +91,7 @@ class HttpClients:
             if client is None:
                 transport: httpx.AsyncBaseTransport
                 if private:
-                    transport = GuardedTransport(shared_ssl_context(), max_idle=PRIVATE_KEEPALIVE)
+                    transport = self._private[key] = GuardedTransport(shared_ssl_context(), max_idle=PRIVATE_KEEPALIVE)
                 else:
                     transport = httpx.AsyncHTTPTransport(
                         verify=shared_ssl_context(),
@@ -105,6 +109,53 @@ class HttpClients:
                 clients[private] = client
             return client
 
+    def open(
+        self,
+        method: str,
+        path: str,
+        *,
+        timeout: dict[str, float | None],
+        json: Any = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> AbstractAsyncContextManager[httpx.Response]:
+        """A generation's request on a private connection, opened when entered: the response with
+        its body unread, closed (connection pooled or dropped) on exit.
+
+        Straight to this loop's :class:`GuardedTransport`, not through ``httpx.AsyncClient.send``:
+        the client's URL merge, cookie jar, auth and redirect generators and log line cost a
+        generation more than the rest of its request (the gateway measured it), and a private
+        connection has no use for them (no cookies, redirects refused, the key in the headers)."""
+        transport = self._transport()
+        url = self._urls.get(path)
+        if url is None:
+            url = self._urls[path] = httpx.URL(self.base_url + path)
+        merged = self._base_headers
+        assert merged is not None  # set by _transport()
+        if headers:
+            merged = {**merged, **{k.lower(): v for k, v in headers.items()}}
+        request = httpx.Request(method, url, headers=merged, json=json, extensions={"timeout": timeout})
+        return _opened(transport, request)
+
+    async def fetch(
+        self,
+        method: str,
+        path: str,
+        *,
+        timeout: dict[str, float | None],
+        json: Any = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
+        """Like :meth:`open`, with the whole body read (the connection released)."""
+        async with self.open(method, path, timeout=timeout, json=json, headers=headers) as response:
+            await response.aread()
+        return response
+
+    def _transport(self) -> GuardedTransport:
+        client = self.get(private=True)
+        if self._base_headers is None:  # httpx's defaults (User-Agent, Accept-Encoding, ...) + ours
+            self._base_headers = {k.lower(): v for k, v in client.headers.items()}
+        return self._private[loop_key()]
+
     async def aclose_current_loop(self) -> None:
         """Close this loop's clients (clients of other loops are closed on their own loops)."""
         try:
@@ -114,9 +165,20 @@ class HttpClients:
         with self._lock:
             clients = self._by_loop.pop(key, {})
             self._closers.pop(key, None)
+            self._private.pop(key, None)
         for client in list(clients.values()):
             await client.aclose()
         clients.clear()
+
+
+@contextlib.asynccontextmanager
+async def _opened(transport: httpx.AsyncBaseTransport, request: httpx.Request) -> AsyncIterator[httpx.Response]:
+    response = await transport.handle_async_request(request)
+    response.request = request
+    try:
+        yield response
+    finally:
+        await response.aclose()
 
 
 async def _close_on_loop_end(clients: dict[bool, httpx.AsyncClient]) -> AsyncGenerator[None, None]:
