@@ -102,7 +102,7 @@ class GuardedTransport(httpx.AsyncBaseTransport):
         if url.scheme not in ("http", "https"):
             raise httpx.UnsupportedProtocol(f"unsupported scheme {url.scheme!r}", request=request)
         port = url.port or (443 if url.scheme == "https" else 80)
-        origin: _Origin = (url.scheme, url.host, port)
+        origin: _Origin = (url.scheme, url.raw_host.decode("ascii"), port)  # IDNA-encoded, no brackets
         timeouts: dict[str, float | None] = request.extensions.get("timeout", {})
         conn = await self._take_idle(origin)
         if conn is None:
