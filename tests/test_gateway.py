@@ -395,3 +395,38 @@ def test_the_access_log_is_off_unless_asked_for(tmp_path: Path) -> None:
         path.write_text(f'[server]\n{line}[[backend]]\nname = "m"\nprovider = "openai-compatible"\n')
         config = load_config(path)
         assert uvicorn_config(create_app(config), config).access_log is expected
+
+
+def test_a_request_stopped_before_it_starts_gives_its_slot_back(tmp_path: Path) -> None:
+    """The client left (or the request was cancelled) after its slot was free but before its
+    generation started: a 499, nothing runs, and the slot is free again for the next request."""
+    from abstract_client.gateway.app import Flight, GenerationResponse, create_app
+    from abstract_client.gateway.config import load_config
+
+    path = tmp_path / "gateway.toml"
+    path.write_text('[[backend]]\nname = "m"\nprovider = "openai-compatible"\nmax_concurrent = 1\n')
+    gateway = create_app(load_config(path)).state.gateway
+    backend = gateway.backends["m"]
+    ran: list[str] = []
+
+    async def run(flight: Flight, send: object) -> int:
+        ran.append(flight.request_id)
+        return 200
+
+    async def main() -> list[int]:
+        sent: list[dict[str, object]] = []
+
+        async def send(message: dict[str, object]) -> None:
+            sent.append(message)
+
+        statuses = []
+        for i in range(3):
+            flight = Flight(f"r{i}", backend, loop=asyncio.get_running_loop())
+            flight.stop("cancel_endpoint")
+            response = GenerationResponse(gateway, backend, f"r{i}", "chat", run)
+            statuses.append(await response._in_slot(flight, send))
+        assert sent[0]["status"] == 499
+        return statuses
+
+    assert asyncio.run(main()) == [499, 499, 499]
+    assert ran == [] and backend.slots.value == 1
