@@ -2,8 +2,8 @@
 
 A provider never decides what the caller sees on a stop, never retries, never raises
 ``GenerationCancelledError``: the contract (``contract/``) runs it and does all of that. An HTTP
-provider only issues its requests with ``ctx.http()``: the contract has arranged a private
-connection whose socket the stop shuts down (``Step.TELL``/``Step.SEVER``). An in-process
+provider only issues its requests with ``ctx.stream()`` / ``ctx.request()``: the contract has
+arranged a private connection whose socket the stop shuts down (``Step.TELL``/``Step.SEVER``). An in-process
 engine reads ``ctx.token.is_set`` on its own thread where it can stop — before every token and
 between prefill chunks — and counts what it computed (the evidence a stop is judged by).
 """
@@ -83,10 +83,9 @@ class CallContext:
             self.on_chunk(chunk)
 
     def http(self) -> httpx.AsyncClient:
-        """The HTTP client for this call on the current event loop (private or pooled)."""
-        if self.clients is None:
-            raise RuntimeError("this provider has no HTTP clients")
-        return self.clients.get(private=True)  # every generation severs its own connection
+        """The private ``httpx.AsyncClient`` on the current event loop, for a request that
+        ``stream``/``request`` do not cover (its connections are severed by the stop too)."""
+        return self._clients().get(private=True)
 
     def _timeout(self) -> dict[str, float | None]:
         # Only connect is enforced by the transport; first-token/idle/total are the contract's deadlines.

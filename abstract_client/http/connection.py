@@ -93,10 +93,6 @@ class GuardedTransport(httpx.AsyncBaseTransport):
         self._idle: dict[_Origin, list[_Connection]] = {}
         self._closed = False
 
-    @property
-    def idle_connections(self) -> int:
-        return sum(len(conns) for conns in self._idle.values())
-
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         url = request.url
         if url.scheme not in ("http", "https"):
@@ -212,13 +208,7 @@ class GuardedTransport(httpx.AsyncBaseTransport):
     ) -> bytes:
         """Read until the head is in; return the body bytes that came with it."""
         while True:
-            data = await _receive(conn, request, timeout)
-            try:
-                if not data:
-                    reader.feed_eof()
-                body = reader.feed(data)
-            except HTTPProtocolError as exc:
-                raise httpx.RemoteProtocolError(str(exc), request=request) from exc
+            body = await _read_more(conn, reader, request, timeout)
             if reader.head is not None:
                 return body
 
@@ -250,14 +240,7 @@ class _Body(httpx.AsyncByteStream):
             first, self._first = self._first, b""
             yield first
         while not reader.complete:
-            data = await _receive(conn, self._request, self._timeout)
-            try:
-                if not data:
-                    reader.feed_eof()
-                    break
-                body = reader.feed(data)
-            except HTTPProtocolError as exc:
-                raise httpx.RemoteProtocolError(str(exc), request=self._request) from exc
+            body = await _read_more(conn, reader, self._request, self._timeout)
             if body:
                 yield body
 
@@ -269,6 +252,19 @@ class _Body(httpx.AsyncByteStream):
             await self._transport.release(conn)
         else:  # stopped, failed, abandoned or not keep-alive: never reused
             await conn.aclose()
+
+
+async def _read_more(conn: _Connection, reader: ResponseReader, request: httpx.Request, timeout: float | None) -> bytes:
+    """One read into ``reader``: the body bytes it completed. At the connection's end the reader
+    says whether that was the response's end (a body that runs to the close) or a cut (raised)."""
+    data = await _receive(conn, request, timeout)
+    try:
+        if not data:
+            reader.feed_eof()  # returns only when the body ran to the close: it is complete
+            return b""
+        return reader.feed(data)
+    except HTTPProtocolError as exc:
+        raise httpx.RemoteProtocolError(str(exc), request=request) from exc
 
 
 async def _receive(conn: _Connection, request: httpx.Request, timeout: float | None) -> bytes:

@@ -11,31 +11,20 @@ import json
 from typing import Any
 
 from ..errors import ProviderProtocolError
+from .holdback import HoldsBackErrors
 
 __all__ = ["DEFAULT_MAX_LINE_BYTES", "NDJSONDecoder"]
 
 DEFAULT_MAX_LINE_BYTES = 4 * 1024 * 1024
 
 
-class NDJSONDecoder:
+class NDJSONDecoder(HoldsBackErrors[Any]):
+    """``feed(chunk)`` returns the objects ``chunk`` completes; a bad line raises after the objects
+    before it (:class:`~.holdback.HoldsBackErrors`), at the next ``feed`` or at ``close``."""
+
     def __init__(self, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> None:
         self.max_line_bytes = max_line_bytes
         self._buf = bytearray()
-        self._error: ProviderProtocolError | None = None
-
-    def feed(self, chunk: bytes) -> list[Any]:
-        """The objects ``chunk`` completes. A bad line raises — but the objects before it in the
-        same ``chunk`` come out first: the error is then raised by the next ``feed`` or ``close``."""
-        if self._error is not None:
-            raise self._error
-        out: list[Any] = []
-        try:
-            self._feed(chunk, out)
-        except ProviderProtocolError as exc:
-            if not out:
-                raise
-            self._error = exc
-        return out
 
     def _feed(self, chunk: bytes, out: list[Any]) -> None:
         self._buf += chunk
@@ -55,8 +44,7 @@ class NDJSONDecoder:
 
     def close(self) -> list[Any]:
         """End of input: a last line without its newline is still parsed (or rejected)."""
-        if self._error is not None:
-            raise self._error
+        self._raise_held()
         rest, self._buf = bytes(self._buf), bytearray()
         obj = self._parse(rest)
         return [] if obj is _BLANK else [obj]

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from ..errors import ProviderProtocolError
+from .holdback import HoldsBackErrors
 
 __all__ = ["DEFAULT_MAX_LINE_BYTES", "SSEDecoder", "SSEEvent"]
 
@@ -29,7 +30,10 @@ class SSEEvent(NamedTuple):
     retry: int | None = None
 
 
-class SSEDecoder:
+class SSEDecoder(HoldsBackErrors[SSEEvent]):
+    """``feed(chunk)`` returns the events ``chunk`` completes; bad bytes raise after the events
+    before them (:class:`~.holdback.HoldsBackErrors`), at the next ``feed`` or at :meth:`end`."""
+
     def __init__(self, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> None:
         self.max_line_bytes = max_line_bytes
         self._buf = bytearray()
@@ -40,27 +44,10 @@ class SSEDecoder:
         self._last_id: str | None = None
         self._retry: int | None = None
         self.comments = 0  # keep-alive pings seen (useful for idle diagnostics)
-        self._error: ProviderProtocolError | None = None
-
-    def feed(self, chunk: bytes) -> list[SSEEvent]:
-        """The events ``chunk`` completes. Bad bytes raise — but the events before them in the
-        same ``chunk`` come out first (one read may carry many frames, and the partial text must
-        keep them): the error is then raised by the next ``feed`` or by :meth:`end`."""
-        if self._error is not None:
-            raise self._error
-        events: list[SSEEvent] = []
-        try:
-            self._feed(chunk, events)
-        except ProviderProtocolError as exc:
-            if not events:
-                raise
-            self._error = exc
-        return events
 
     def end(self) -> None:
         """End of input: raise what ``feed`` held back, or the cut if it ended inside a frame."""
-        if self._error is not None:
-            raise self._error
+        self._raise_held()
         if self.has_partial:
             raise ProviderProtocolError("the stream ended in the middle of an SSE frame")
 
