@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from . import _checkout  # noqa: F401  (a checkout's abstract_client.providers)
 from ._sync import SyncGenerationStream
 from .contract import GenerationStream
 from .errors import (

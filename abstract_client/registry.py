@@ -25,15 +25,15 @@ log = logging.getLogger(__name__)
 ENTRY_POINT_GROUP = "abstract_client.providers"
 
 _BUILTIN: dict[str, str] = {
-    "openai-compatible": "providers.openai_compatible:OpenAICompatibleProvider",
-    "llamacpp": "providers.llamacpp:LlamaCppProvider",
-    "ollama": "providers.ollama:OllamaProvider",
-    "lmstudio": "providers.lmstudio:LMStudioProvider",
-    "mlx": "providers.mlx:MLXProvider",
-    "transformers": "providers.transformers:TransformersProvider",
-    "gguf": "providers.gguf:GGUFProvider",
-    "vllm": "providers.vllm:VLLMProvider",
-    "remote": "providers.remote:RemoteProvider",
+    "openai-compatible": "abstract_client.providers.openai_compatible:OpenAICompatibleProvider",
+    "llamacpp": "abstract_client.providers.llamacpp:LlamaCppProvider",
+    "ollama": "abstract_client.providers.ollama:OllamaProvider",
+    "lmstudio": "abstract_client.providers.lmstudio:LMStudioProvider",
+    "mlx": "abstract_client.providers.mlx:MLXProvider",
+    "transformers": "abstract_client.providers.transformers:TransformersProvider",
+    "gguf": "abstract_client.providers.gguf:GGUFProvider",
+    "vllm": "abstract_client.providers.vllm:VLLMProvider",
+    "remote": "abstract_client.providers.remote:RemoteProvider",
 }
 _registered: dict[str, Callable[..., Provider]] = {}
 _FLEET_OPTIONS = (

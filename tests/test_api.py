@@ -88,7 +88,7 @@ def test_registry_builtin_third_party_and_unknown() -> None:
     with pytest.raises(ValueError, match="unknown provider"):
         create_llm("nope")
 
-    from providers.openai_compatible import OpenAICompatibleProvider
+    from abstract_client.providers.openai_compatible import OpenAICompatibleProvider
 
     class Mine(OpenAICompatibleProvider):
         name = "mine"

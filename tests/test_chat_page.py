@@ -110,7 +110,7 @@ def test_stop_in_the_browser_stops_llama_server(browser: Any, llama: LlamaServer
 @needs_mlx
 def test_stop_in_the_browser_stops_in_process_mlx(browser: Any) -> None:
     from abstract_client.app.assets import smollm2_mlx
-    from providers.mlx import MLXProvider
+    from abstract_client.providers.mlx import MLXProvider
 
     config = GatewayConfig(backends=[BackendConfig(name="smollm2", provider="mlx", model=str(smollm2_mlx()))], ui=True)
     with InProcessGateway(config) as gw:

@@ -98,7 +98,7 @@ def test_llamacpp_stop_during_a_2000_text_embed(embedder: LlamaServer) -> None:
 
 def test_mlx_vectors_count_tokens_and_stop() -> None:
     from abstract_client.app.assets import smollm2_mlx
-    from providers.mlx import MLXProvider
+    from abstract_client.providers.mlx import MLXProvider
 
     with create_llm("mlx", str(smollm2_mlx())) as llm:
         check_vectors(llm)

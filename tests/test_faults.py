@@ -112,10 +112,10 @@ async def test_translation_happens_once(anyio_backend: str) -> None:
     through unchanged (so retries and outer scopes never wrap a stop in a stop)."""
     from abstract_client.contract import Call, CallSpec, translate
     from abstract_client.contract.retry import RetryPolicy
+    from abstract_client.providers.openai_compatible import OpenAICompatibleProvider
     from abstract_client.stopping.token import InflightRegistry, StopToken
     from abstract_client.testing import FakeOpenAIServer
     from abstract_client.types import GenerationRequest, Timeout
-    from providers.openai_compatible import OpenAICompatibleProvider
 
     with FakeOpenAIServer() as srv:
         provider = OpenAICompatibleProvider(base_url=srv.base_url)

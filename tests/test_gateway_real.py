@@ -165,7 +165,7 @@ def capital(gw: InProcessGateway, name: str) -> dict[str, Any]:
 @needs_mlx
 def test_disconnect_stops_in_process_mlx(tmp_path: Path) -> None:
     from abstract_client.app.assets import smollm2_mlx
-    from providers.mlx import MLXProvider
+    from abstract_client.providers.mlx import MLXProvider
 
     config = GatewayConfig(backends=[BackendConfig(name="smollm2", provider="mlx", model=str(smollm2_mlx()))])
     with InProcessGateway(config) as gw:
@@ -191,7 +191,7 @@ def test_disconnect_stops_in_process_mlx(tmp_path: Path) -> None:
 @needs_transformers
 def test_disconnect_stops_in_process_transformers() -> None:
     from abstract_client.app.assets import smollm2_hf
-    from providers.transformers import TransformersProvider
+    from abstract_client.providers.transformers import TransformersProvider
 
     config = GatewayConfig(backends=[BackendConfig(name="smol-hf", provider="transformers", model=str(smollm2_hf()))])
     with InProcessGateway(config) as gw:
@@ -202,7 +202,7 @@ def test_disconnect_stops_in_process_transformers() -> None:
 @needs_gguf
 def test_disconnect_stops_in_process_gguf() -> None:
     from abstract_client.app.assets import smollm2_gguf
-    from providers.gguf import GGUFProvider
+    from abstract_client.providers.gguf import GGUFProvider
 
     config = GatewayConfig(
         backends=[BackendConfig(name="smol-gguf", provider="gguf", model=str(smollm2_gguf()), options={"n_ctx": 4096})]

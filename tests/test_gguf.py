@@ -33,9 +33,9 @@ from .helpers import WEATHER_TOOL, launch_llama_server, stream_in_threads, wait_
 
 if os.environ.get("ABSTRACT_CLIENT_REQUIRE_ENGINES") != "1" and importlib.util.find_spec("llama_cpp") is None:
     pytest.skip("llama-cpp-python is missing: scripts/get_llama_cpp_python.sh", allow_module_level=True)
-from providers._gguf import model as gguf_model
-from providers._gguf.model import import_llama_cpp
-from providers.gguf import GGUFProvider
+from abstract_client.providers._gguf import model as gguf_model
+from abstract_client.providers._gguf.model import import_llama_cpp
+from abstract_client.providers.gguf import GGUFProvider
 
 import_llama_cpp()  # a missing engine fails here, with the reason, under the test command
 

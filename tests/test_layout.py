@@ -13,9 +13,13 @@ PACKAGES = ("abstract_client", "providers")
 
 
 def module_name(path: Path) -> str:
+    """The name Python imports ``path`` by: the repository's ``providers/`` is
+    ``abstract_client.providers`` (the wheel ships it there; a checkout maps it)."""
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
+    if parts[0] == "providers":
+        parts.insert(0, "abstract_client")
     return ".".join(parts)
 
 
@@ -105,10 +109,27 @@ def test_implementation_modules_are_private_or_declare_all() -> None:
     missing = []
     for name, path in modules().items():
         leaf = name.split(".")[-1]
-        if leaf.startswith("_") or (name.split(".")[0] == "providers" and leaf != "providers"):
+        if leaf.startswith("_") or (name.startswith("abstract_client.providers.") and leaf != "providers"):
             continue  # private, or a lane module (its public face is its registered name)
         if name.startswith(("abstract_client.testing", "abstract_client.app")):
             continue  # tools with their own documented surface
         if "__all__" not in path.read_text():
             missing.append(name)
     assert missing == []
+
+
+def test_nothing_imports_a_generic_top_level_name() -> None:
+    """An application's own ``providers`` (or ``tests``, ``app``) package must never be what the
+    library imports: every absolute import of ours is under ``abstract_client``."""
+    generic = {"providers", "tests", "app", "scripts", "benchmarks", "examples"}
+    found = []
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                targets = [node.module or ""]
+            else:
+                continue
+            found += [f"{name}: {t}" for t in targets if t.split(".")[0] in generic]
+    assert found == []

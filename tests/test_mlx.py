@@ -29,7 +29,7 @@ from abstract_client import (
 from .helpers import require_module, stream_in_threads
 
 mx = require_module("mlx.core", "mlx")
-from providers.mlx import MLXProvider  # noqa: E402
+from abstract_client.providers.mlx import MLXProvider  # noqa: E402
 
 NO_EOS = {"logit_bias": {1: -1e9}}  # the tiny model's EOS id: generations run until max_tokens
 

@@ -17,7 +17,7 @@ from abstract_client import LLM, GenerateResult, GenerationCancelledError, creat
 from .helpers import require_module, wait_until
 
 mx = require_module("mlx.core", "mlx")
-from providers.mlx import MLXProvider  # noqa: E402
+from abstract_client.providers.mlx import MLXProvider  # noqa: E402
 
 NO_EOS = {"logit_bias": {1: -1e9}}  # only for the serial reference runs (the tiny model's EOS id)
 PROMPTS = ["hello world", "the quick brown fox", "one two three four five six", "abc"]

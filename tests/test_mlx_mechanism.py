@@ -27,7 +27,7 @@ import importlib  # noqa: E402
 
 import mlx_lm  # noqa: E402
 
-from providers.mlx import MLXProvider  # noqa: E402
+from abstract_client.providers.mlx import MLXProvider  # noqa: E402
 
 # ``mlx_lm.generate`` is also the name of a function in ``mlx_lm``: fetch the module itself
 BatchGenerator = importlib.import_module("mlx_lm.generate").BatchGenerator

@@ -18,8 +18,8 @@ from abstract_client import LLM, GenerationCancelledError, create_llm
 from .helpers import require_module, wait_until
 
 mx = require_module("mlx.core", "mlx")
-from providers._mlx.prompt_cache import PromptCache  # noqa: E402
-from providers.mlx import MLXProvider  # noqa: E402
+from abstract_client.providers._mlx.prompt_cache import PromptCache  # noqa: E402
+from abstract_client.providers.mlx import MLXProvider  # noqa: E402
 
 ENGINES = [pytest.param(1, id="serial"), pytest.param(4, id="batched")]
 

@@ -32,8 +32,8 @@ from .helpers import require_module, stream_in_threads, wait_until
 
 mx = require_module("mlx.core", "mlx")
 require_module("mlx_vlm", "vlm")
-from providers._mlx.vision import VisionModel  # noqa: E402
-from providers.mlx import MLXProvider  # noqa: E402
+from abstract_client.providers._mlx.vision import VisionModel  # noqa: E402
+from abstract_client.providers.mlx import MLXProvider  # noqa: E402
 
 NO_EOS = {"logit_bias": {1: -1e9}}  # the tiny model's EOS id: generations run until max_tokens
 STEP = 16  # prefill tokens per evaluation in these tests

@@ -204,7 +204,7 @@ def test_a_stopped_call_makes_one_attempt_on_one_connection(
 async def test_with_retries_never_retries_once_the_stop_is_set(anyio_backend: str) -> None:
     """Rule 6 on its own, no scope around it: an attempt that fails retryably after the stop was
     requested is not attempted again, even with a zero backoff."""
-    from providers.openai_compatible import OpenAICompatibleProvider
+    from abstract_client.providers.openai_compatible import OpenAICompatibleProvider
 
     provider = OpenAICompatibleProvider(model="m", base_url="http://127.0.0.1:9")
     spec = CallSpec(

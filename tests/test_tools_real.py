@@ -159,7 +159,7 @@ def test_mlx_forced_tool_call(mlx_llm: LLM) -> None:
 
 @needs_mlx
 def test_mlx_stop_mid_json_samples_nothing_after_the_flag(mlx_llm: LLM) -> None:
-    from providers.mlx import MLXProvider
+    from abstract_client.providers.mlx import MLXProvider
 
     provider = mlx_llm.provider
     assert isinstance(provider, MLXProvider)

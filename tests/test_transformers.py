@@ -29,8 +29,8 @@ from .helpers import WEATHER_TOOL, require_module, stream_in_threads, wait_until
 
 torch = require_module("torch", "transformers")
 require_module("transformers", "transformers")
-from providers._hf import sampling  # noqa: E402
-from providers.transformers import TransformersProvider  # noqa: E402
+from abstract_client.providers._hf import sampling  # noqa: E402
+from abstract_client.providers.transformers import TransformersProvider  # noqa: E402
 
 CAPITAL = [{"role": "user", "content": "What is the capital of France?"}]
 STORY = "Tell me a long story about a fox and a crow."

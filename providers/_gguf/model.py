@@ -78,7 +78,7 @@ def import_llama_cpp() -> Any:
 
 
 _log_callback: Any = None
-_engine_log = logging.getLogger("providers.gguf.llama_cpp")
+_engine_log = logging.getLogger("abstract_client.providers.gguf.llama_cpp")
 
 
 def _route_logs(llama_cpp: Any) -> None:
