@@ -4,13 +4,17 @@ answer (the fake server sees the disconnect), the partial answer stays on screen
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 
 import pexpect
 import pytest
 
+from abstract_client.app.line_reader import LineReader
 from abstract_client.testing import FakeOllamaServer, FakeOpenAIServer
 
 CLI = [sys.executable, "-m", "abstract_client"]
@@ -160,3 +164,44 @@ def test_bench_cancel_lists_unavailable_lanes_as_skipped() -> None:
     skipped = [r for r in rows if r["lane"] == "nonesuch"]
     assert skipped[0]["server_evidence"].startswith("skipped:")
     assert all(r["p50_ms"] is not None for r in rows if r["lane"].startswith("fake"))
+
+
+class _SignalOnPrompt:
+    """A console whose prompt is followed at once by a SIGINT: the press lands after the prompt
+    is shown and before the read waits, where Python's ``input()`` loses it (its signal check is
+    behind it and its ``read()`` not yet started). The Python-level handler cannot raise there;
+    the reader's own (a no-op) stands in for that."""
+
+    def print(self, *args: object, **kwargs: object) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_a_ctrl_c_the_instant_the_prompt_shows_is_never_lost() -> None:
+    r, w = os.pipe()
+    late = threading.Timer(5, lambda: os.write(w, b"a line typed later\n"))  # what a lost press would wait for
+    late.start()
+    try:
+        with LineReader(fd=r) as reader, pytest.raises(KeyboardInterrupt):
+            reader.input(_SignalOnPrompt(), "you> ")
+        assert late.is_alive(), "the press was seen only once a line came"
+    finally:
+        late.cancel()
+        os.close(r)
+        os.close(w)
+
+
+def test_the_line_reader_reads_lines_and_the_end_of_input() -> None:
+    r, w = os.pipe()
+    os.write(w, b"first\nsecond\nlast without newline")
+    os.close(w)
+
+    class Quiet:
+        def print(self, *args: object, **kwargs: object) -> None:
+            pass
+
+    with LineReader(fd=r) as reader:
+        assert [reader.input(Quiet(), "> ") for _ in range(3)] == ["first", "second", "last without newline"]
+        with pytest.raises(EOFError):
+            reader.input(Quiet(), "> ")
+    os.close(r)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the REPL's handler is put back

@@ -15,6 +15,7 @@ Ctrl-C at the prompt, or twice in a row, exits.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import signal
 import sys
@@ -30,6 +31,7 @@ from ..errors import AbstractClientError, GenerationCancelledError
 from ..llm import LLM
 from ..registry import available_providers, create_llm, runs_in_process
 from ..types import GenerateResult, Message
+from .line_reader import LineReader
 
 EXIT_STOPPED = 130  # the shell's convention for "ended by SIGINT"
 
@@ -118,11 +120,31 @@ def cmd_chat(args: argparse.Namespace) -> int:
         f"[bold]abstract-client chat[/] — {llm.provider_name} {llm.model or ''}  "
         "(Ctrl-C stops an answer; Ctrl-C at the prompt exits; /help)"
     )
+    current = [llm]  # /model replaces it
+    try:
+        with LineReader() if LineReader.supported() else contextlib.nullcontext() as reader:
+            return _chat_loop(current, console, reader, history, stats, args)
+    finally:
+        current[0].close()
+
+
+def _chat_loop(
+    current: list[LLM],
+    console: Any,
+    reader: LineReader | None,
+    history: list[Message],
+    stats: ChatStats,
+    args: argparse.Namespace,
+) -> int:
     key = StopKey()
     try:
         while True:
+            llm = current[0]
             try:
-                line = console.input("[bold green]you>[/] ")
+                if reader is not None:  # a Ctrl-C at the prompt is never lost (line_reader.py)
+                    line = reader.input(console, "[bold green]you>[/] ")
+                else:
+                    line = console.input("[bold green]you>[/] ")
             except (KeyboardInterrupt, EOFError):
                 console.print()
                 return 0
@@ -134,7 +156,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
                 if done == "quit":
                     return 0
                 if isinstance(done, LLM):
-                    llm = done
+                    current[0] = done
                 continue
             history.append({"role": "user", "content": text})
             console.print("[bold blue]ai>[/] ", end="")
@@ -165,8 +187,6 @@ def cmd_chat(args: argparse.Namespace) -> int:
     except AbstractClientError as err:
         console.print(f"[red]error:[/] {type(err).__name__}: {err}")
         return 1
-    finally:
-        llm.close()
 
 
 def _chat_command(
