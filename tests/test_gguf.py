@@ -217,6 +217,23 @@ def test_a_stop_inside_a_prefill_slice_is_aborted_there(llm: LLM) -> None:
         assert stats.prefill_done == (stats.cached_tokens or 0) + (k - 1) * 512, (k, stats)
 
 
+def test_llama_cpps_own_lines_go_to_logging_at_debug(
+    llm: LLM, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """An aborted evaluation makes llama.cpp log (at its WARN level) "decode: removing memory
+    module entries ...": a library's engine chatter goes to ``logging`` at DEBUG, never to the
+    terminal and never at a level an app's WARNING handler (or Python's last resort) prints."""
+    name = "abstract_client.providers.gguf.llama_cpp"
+    capfd.readouterr()
+    with caplog.at_level(logging.DEBUG, logger=name):
+        _stop_in_slice(llm, long_prompt(), 2, "g-log")
+    lines = [r for r in caplog.records if r.name == name]
+    assert any("removing memory module entries" in r.getMessage() for r in lines), [r.getMessage() for r in lines]
+    assert {r.levelno for r in lines} == {logging.DEBUG}
+    out, err = capfd.readouterr()
+    assert "removing memory module entries" not in out + err
+
+
 def test_without_the_abort_callback_the_stop_waits_for_the_slice(model_path: str) -> None:
     llm = create_llm("gguf", model_path, n_ctx=8192, n_batch=512, abort_callback=False)
     try:

@@ -82,16 +82,17 @@ _engine_log = logging.getLogger("abstract_client.providers.gguf.llama_cpp")
 
 
 def _route_logs(llama_cpp: Any) -> None:
-    """llama.cpp's own log lines go to stdlib logging (errors at WARNING, the rest at DEBUG),
-    never straight to stderr: an aborted evaluation logs a line per stop."""
+    """llama.cpp's own log lines go to stdlib logging, at DEBUG, never straight to stderr.
+    Whatever llama.cpp's level (an aborted evaluation logs a WARN line per stop: "decode:
+    removing memory module entries ..."), they are the engine's diagnostics, not the
+    application's business: a failure reaches the caller as a typed error, and an app logging
+    at WARNING (or Python's last-resort handler, with no logging set up) must not print them."""
     global _log_callback
     if _log_callback is not None:
         return
 
     def on_log(level: int, text: bytes, user_data: Any) -> None:
-        _engine_log.log(
-            logging.WARNING if level == 3 else logging.DEBUG, "%s", text.decode("utf-8", "replace").rstrip()
-        )
+        _engine_log.debug("%s", text.decode("utf-8", "replace").rstrip())
 
     _log_callback = llama_cpp.llama_log_callback(on_log)  # kept: a collected callback would dangle
     llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
