@@ -5,7 +5,32 @@ Every error carries what was produced before it happened (``partial_text``, ``ge
 these in on whatever a provider raised, so nothing the user already paid for is lost.
 
 Retry decisions are made from the *type* and the ``retryable`` flag set at construction, never
-from message text.
+from message text. The categories a caller catches, and the builtin each is also::
+
+    AbstractClientError
+    ├── GenerationCancelledError      the host asked for the stop; never retried
+    ├── GenerationTimeoutError        (TimeoutError) a deadline passed; never retried
+    ├── ProviderError                 the server answered, and refused
+    │   ├── ModelNotFoundError
+    │   ├── InvalidRequestError       (HTTP 400/422)
+    │   │   └── ContextOverflowError
+    │   ├── RateLimitError            (429)
+    │   ├── ServerUnavailableError    (503, not ready)
+    │   │   └── ConnectionFailedError   ... and the network failed: no connection was made
+    │   ├── NotSupportedError
+    │   └── ProviderAPIError          any other status
+    ├── NetworkError                  (ConnectionError) the network failed
+    │   ├── ConnectionFailedError     nothing was sent (refused, reset in the handshake); retryable
+    │   └── TransportError            the connection was lost during the call (not by us)
+    ├── ProviderProtocolError         the server answered outside its protocol
+    ├── OutputValidationError         a complete answer that does not match its schema
+    ├── ModelBusyError                an eject could not free a model still computing
+    ├── ImageInputError               (ValueError) an image refused at the call site
+    └── AbortError                    ``AbortSignal.throw_if_aborted()`` without an exception
+
+``except NetworkError`` (or the builtin ``ConnectionError``) is "the network failed";
+``except ProviderError`` is "the server refused"; ``ConnectionFailedError`` is both a
+``ServerUnavailableError`` (as a connection refused always was here) and a ``NetworkError``.
 """
 
 from __future__ import annotations
@@ -35,6 +60,8 @@ __all__ = [
     "OutputValidationError",
     "ModelBusyError",
     "ProviderProtocolError",
+    "NetworkError",
+    "ConnectionFailedError",
     "TransportError",
 ]
 
@@ -97,8 +124,9 @@ class GenerationCancelledError(AbstractClientError):
         self.signal_reason = signal_reason
 
 
-class GenerationTimeoutError(AbstractClientError):
-    """A deadline passed: ``kind`` is connect, first_token, idle or total. Never retried."""
+class GenerationTimeoutError(AbstractClientError, TimeoutError):
+    """A deadline passed: ``kind`` is connect, first_token, idle or total. Never retried. A
+    ``TimeoutError`` too."""
 
     def __init__(self, message: str, *, kind: TimeoutKind, **context: Any) -> None:
         super().__init__(message, **context)
@@ -206,8 +234,22 @@ class ProviderProtocolError(AbstractClientError):
     that ended without its final frame. ``partial_text`` keeps what arrived before."""
 
 
-class TransportError(AbstractClientError):
-    """The connection failed or was dropped by the peer (not by us)."""
+class NetworkError(AbstractClientError, ConnectionError):
+    """The network failed (a category: catch it, or the builtin ``ConnectionError``, for "the
+    network failed" as opposed to "the server refused", which is :class:`ProviderError`)."""
+
+
+class ConnectionFailedError(ServerUnavailableError, NetworkError):
+    """No connection could be made (refused, reset or closed before or during the TLS
+    handshake): nothing was sent, so it is retried and a fleet fails over. A
+    ``ServerUnavailableError`` too, as a refused connection always was here."""
+
+    def __init__(self, message: str, *, retryable: bool = True, **kw: Any) -> None:
+        super().__init__(message, retryable=retryable, **kw)
+
+
+class TransportError(NetworkError):
+    """The connection was dropped by the peer (not by us) during the call."""
 
     def __init__(self, message: str, *, retryable: bool = False, **context: Any) -> None:
         super().__init__(message, **context)

@@ -3,6 +3,7 @@ connection released."""
 
 from __future__ import annotations
 
+import socket
 import threading
 
 import httpx
@@ -127,3 +128,43 @@ async def test_translation_happens_once(anyio_backend: str) -> None:
         assert isinstance(stop, GenerationCancelledError)
         assert stop.reason == "user" and stop.request_id == "r1" and stop.provider == provider.name
         assert translate(call, stop) is stop
+
+
+def test_the_error_categories_a_caller_catches(server: FakeServer, llm: LLM, lane: str) -> None:
+    """ "The network failed" (``NetworkError``, also the builtin ``ConnectionError``) apart from
+    "the server refused" (``ProviderError``) and a deadline (``GenerationTimeoutError``, also a
+    ``TimeoutError``), each on a real socket."""
+    from abstract_client import (
+        ConnectionFailedError,
+        GenerationTimeoutError,
+        NetworkError,
+        ServerUnavailableError,
+        create_llm,
+    )
+
+    with socket.socket() as unused:  # a port nothing listens on: the connection is refused
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    with create_llm(lane, "fake-model", base_url=f"http://127.0.0.1:{port}", max_retries=0) as refused:
+        with pytest.raises(ConnectionFailedError) as info:
+            refused.generate("x", max_tokens=3)
+    err = info.value
+    assert isinstance(err, NetworkError) and isinstance(err, ConnectionError)
+    assert isinstance(err, ServerUnavailableError) and err.retryable  # nothing was sent
+
+    server.inject("drop")  # the connection dies mid-answer
+    with pytest.raises(ConnectionError) as dropped:
+        for _ in llm.stream("x", max_tokens=50):
+            pass
+    assert isinstance(dropped.value, TransportError) and not isinstance(dropped.value, ProviderError)
+    assert not dropped.value.retryable  # the server may have acted on it
+
+    server.inject("no_answer")
+    with pytest.raises(TimeoutError) as stalled:
+        llm.generate("x", max_tokens=50, timeout=0.5)
+    assert isinstance(stalled.value, GenerationTimeoutError)
+
+    server.inject("loading_503")
+    with pytest.raises(ProviderError) as refused_by_server:
+        llm.generate("x", max_tokens=3)
+    assert not isinstance(refused_by_server.value, NetworkError)

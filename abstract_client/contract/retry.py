@@ -1,9 +1,9 @@
 """Which failures may be retried, and how long to wait. Decided by type, never by message text.
 
-Retried: a connection refused before anything was sent (``ServerUnavailableError`` from a connect
-failure), 429/503 that say when to come back (``Retry-After``), and 502/504. Never retried: a
-stop, a timeout, a transport error after the request was sent (the server may be generating),
-anything else. The backoff sleep runs inside the call's cancel scope, so a stop ends it at once.
+Retried: a connection refused before anything was sent (``ConnectionFailedError``), 429/503 that
+say when to come back (``Retry-After``), and 502/504. Never retried: a stop, a timeout, a
+transport error after the request was sent (the server may be generating), anything else. The
+backoff sleep runs inside the call's cancel scope, so a stop ends it at once.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from ..errors import AbstractClientError, GenerationCancelledError, GenerationTimeoutError
 
-__all__ = ["RetryPolicy", "parse_retry_after"]
+__all__ = ["RetryPolicy"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,14 +37,3 @@ class RetryPolicy:
             return min(float(retry_after), self.max_retry_after)
         # capped exponential backoff with full jitter
         return random.uniform(0, min(self.max_delay, self.base_delay * (2**attempt)))
-
-
-def parse_retry_after(value: str | None) -> float | None:
-    """Retry-After in seconds (the HTTP-date form is rare for LLM servers and not supported)."""
-    if not value:
-        return None
-    try:
-        seconds = float(value.strip())
-    except ValueError:
-        return None
-    return seconds if seconds >= 0 else None

@@ -8,14 +8,15 @@ Error bodies come in several shapes and all are accepted: ``{"error": {"message"
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
 import httpx
 
-from ..contract.retry import parse_retry_after
 from ..errors import (
     AbstractClientError,
+    ConnectionFailedError,
     ContextOverflowError,
     GenerationTimeoutError,
     InvalidRequestError,
@@ -29,7 +30,14 @@ from ..errors import (
     TransportError,
 )
 
-__all__ = ["decode_json_body", "error_from_frame", "error_from_response", "map_transport_error", "parse_error_body"]
+__all__ = [
+    "decode_json_body",
+    "error_from_frame",
+    "error_from_response",
+    "map_transport_error",
+    "parse_error_body",
+    "parse_retry_after",
+]
 
 # Servers report context overflow only in prose (vLLM, LM Studio, Ollama wrapping llama-server).
 # This is used to pick the error *type*, never to decide a retry.
@@ -57,6 +65,18 @@ def parse_error_body(body: Any) -> tuple[str, str | None, Any] | None:
     if detail is not None and len(body) == 1:
         return (detail if isinstance(detail, str) else json.dumps(detail)[:500]), None, None
     return None
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Retry-After in seconds (the HTTP-date form is rare for LLM servers and not supported);
+    anything else — negative, NaN, infinite, not a number — is no Retry-After."""
+    if not value:
+        return None
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        return None
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
 
 
 def _str_or_none(value: Any) -> str | None:
@@ -131,7 +151,7 @@ def map_transport_error(exc: httpx.HTTPError) -> AbstractClientError:
         return GenerationTimeoutError(f"connect timed out: {exc}", kind="connect")
     if isinstance(exc, httpx.ConnectError):
         # nothing was sent: safe to retry
-        return ServerUnavailableError(f"cannot connect: {exc}", retryable=True)
+        return ConnectionFailedError(f"cannot connect: {exc}")
     if isinstance(exc, httpx.TimeoutException):
         return GenerationTimeoutError(f"timed out: {exc}", kind="idle")
     if isinstance(exc, httpx.TooManyRedirects):
