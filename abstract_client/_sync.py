@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from .contract import Call, GenerationStream, SyncStop, stop_error
+from .contract import Call, GenerationStream, SyncStop, stop_error, unlist
 from .stopping._loop import on_event_loop
 from .stopping.token import Step
 from .types import GenerateResult, StreamChunk
@@ -112,7 +112,7 @@ class Portal:
             # raise here, without a round trip through the loop; the loop closes up behind.
             if on_abandon is not None:
                 self.submit(on_abandon)
-            raise stop_error(call)
+            raise _handed_over(call)
         future: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(fn(), loop)
         raised = threading.Event()
         me = threading.get_ident()
@@ -135,7 +135,7 @@ class Portal:
                     # The caller leaves now; once the step it abandoned has unwound on the loop,
                     # finish the job there (close the stream, release the call).
                     future.add_done_callback(lambda _: self.submit(on_abandon))
-                err = stop_error(call)
+                err = _handed_over(call)
                 raised.set()  # the stopping thread may go on: sever, then the loop's work
                 raise err
             return self._wait(future, call, on_interrupt or call.token.stop)
@@ -151,7 +151,7 @@ class Portal:
         except SyncStop:
             # The loop's word for "stopped": the one error is built here, for this caller.
             assert call is not None
-            raise stop_error(call) from None
+            raise _handed_over(call) from None
         except BaseException:
             if not future.done():  # interrupted while waiting (Ctrl-C): stop, unwind, propagate
                 Portal._unwind(future, on_interrupt)
@@ -172,6 +172,13 @@ class Portal:
             asyncio.run_coroutine_threadsafe(fn(), self.loop)
         except RuntimeError:
             pass
+
+
+def _handed_over(call: Call) -> BaseException:
+    """The stop this sync caller raises; from here on the call is not listed in flight."""
+    err = stop_error(call)
+    unlist(call)
+    return err
 
 
 class SyncGenerationStream:

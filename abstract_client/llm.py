@@ -150,7 +150,10 @@ class LLM:
 
     @property
     def in_flight(self) -> list[str]:
-        """Request ids of the calls in flight."""
+        """Request ids of the calls in flight: admitted, and their outcome not yet handed to the
+        caller. A call leaves the list the moment it returns or raises — a stop raised at once
+        to a sync caller included, while the loop still closes its connection (or an in-process
+        engine drains) behind it."""
         return self._inflight.ids()
 
     # -- building a call --------------------------------------------------------------------

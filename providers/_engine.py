@@ -66,6 +66,31 @@ class RequestStats:
     # after each counted token, in one assignment: (parts of ``text`` so far, text held back
     # by the stop-string matcher) — what a stop's partial text is, read from any thread
     snapshot: tuple[int, str] | None = None
+    # The engine is done with the request (its last message sent): from here on this record
+    # is final. A stopped caller is released before that; whoever wants the engine's final
+    # word (the gateway's stop record) waits for it with ``when_settled``.
+    settled: bool = False
+    _on_settled: list[Callable[[], object]] = field(default_factory=list, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def settle(self) -> None:
+        """On the engine thread, once, after the request's last message."""
+        with self._lock:
+            self.settled = True
+            callbacks, self._on_settled = self._on_settled, []
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:
+                log.exception("a when_settled callback failed")
+
+    def when_settled(self, callback: Callable[[], object]) -> None:
+        """``callback()`` once the record is final: now if it is, else on the engine thread."""
+        with self._lock:
+            if not self.settled:
+                self._on_settled.append(callback)
+                return
+        callback()
 
 
 @dataclass
@@ -196,8 +221,8 @@ class EngineModel(Protocol):
 class EngineProvider(Provider):
     """What every in-process lane's provider shares: the engine thread, the per-request evidence,
     the async side of a stream (the worker emits chunks from the engine thread; the consumer
-    awaits them; a consumer that leaves early sets the flag and drains, never returning while
-    the worker still computes), and eject (never free under a running job).
+    awaits them; a consumer that leaves early sets the flag and is released at once, the worker
+    draining behind it on the engine thread), and eject (never free under a running job).
 
     A lane sets ``handle`` (its :class:`EngineModel`) and supplies ``_generate`` (one request, on
     the engine thread: emit chunks, raise nothing), ``_embed_on_thread`` and
@@ -322,10 +347,18 @@ class EngineProvider(Provider):
 
         text = stats.text
 
+        def deliver(item: object) -> None:  # on the loop
+            try:
+                send.send_nowait(item)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                pass  # the consumer has left: the engine is draining behind it
+
         def emit(item: object) -> None:
             if type(item) is StreamChunk and item.delta:
                 text.append(item.delta)  # the engine's own record: a stop's partial text is all of it
-            call(lambda: send.send_nowait(item))
+            elif item is END:
+                stats.settle()
+            call(lambda: deliver(item))
 
         job_done = self._start(request, token, stats, emit)
         ended = False
@@ -350,16 +383,16 @@ class EngineProvider(Provider):
                 assert isinstance(item, StreamChunk)
                 yield item
         finally:
-            with anyio.CancelScope(shield=True):
-                if not ended:
-                    # Leaving early (a stop, a cancelled task, a consumer that left): make sure
-                    # the worker sees the flag, then drain — never return while it still computes.
-                    token.stop("user", internal=True)
-                    while await receive.receive() is not END:
-                        pass
-                receive.close()
-                send.close()
-                if job_done is not None and not job_done.done():  # its bookkeeping, just behind END
+            receive.close()
+            send.close()
+            if not ended:
+                # Leaving early (a stop, a cancelled task, a consumer that left): the worker sees
+                # the flag at its next check (a token, a prefill chunk) and drains behind us. The
+                # caller is not kept waiting for that: the engine thread's queue is what the next
+                # call, an eject (``unload_model`` waits for idle) and ``aclose`` wait on.
+                token.stop("user", internal=True)
+            elif job_done is not None and not job_done.done():  # its bookkeeping, just behind END
+                with anyio.CancelScope(shield=True):
                     await anyio.to_thread.run_sync(job_done.result)
 
     async def images_refused(self, request: GenerationRequest) -> str | None:

@@ -159,3 +159,35 @@ def needs_module(name: str, extra: str) -> pytest.MarkDecorator:
 needs_mlx = needs_module("mlx.core", "mlx")
 needs_transformers = needs_module("transformers", "transformers")
 needs_gguf = needs_module("llama_cpp", "gguf")
+
+
+HOLD_S = 8.0  # how long HeldFlag holds the engine's first read of a raised flag, at most
+
+
+class HeldFlag:
+    """Holds the engine thread's first read of a raised stop flag (at most ``HOLD_S``), so the
+    drain cannot finish before the test lets it go. Reads from any other thread are untouched."""
+
+    def __init__(self, engine_thread: Callable[[], int | None]) -> None:
+        from abstract_client.stopping.token import StopToken
+
+        self._engine_thread = engine_thread
+        self.reached = threading.Event()  # the engine read the raised flag
+        self.release = threading.Event()
+        self.expired = threading.Event()  # nobody let it go within HOLD_S
+        self._original = StopToken.__dict__["is_set"]
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from abstract_client.stopping.token import StopToken
+
+        original = self._original
+
+        def is_set(token: StopToken) -> bool:
+            value = bool(original.__get__(token, StopToken))
+            if value and threading.get_ident() == self._engine_thread() and not self.reached.is_set():
+                self.reached.set()
+                if not self.release.wait(HOLD_S):
+                    self.expired.set()
+            return value
+
+        monkeypatch.setattr(StopToken, "is_set", property(is_set))

@@ -259,3 +259,34 @@ def test_async_openai_python_through_the_gateway_to_llama_server(gateway: Gatewa
     asyncio.run(abandoned())
     assert gateway.wait_for_stop("async-timeout-1")[0][1] == "client_disconnect"
     assert_server_stopped(llama, cancels)
+
+
+@needs_mlx
+def test_an_in_process_stop_is_recorded_with_the_engines_own_figures(
+    tiny_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gateway's handler is released at once by a client's disconnect; the engine drains
+    behind it. The stop's record (``GET /v1/requests/{id}``, the chat page's note) is published
+    only once the engine has settled, with the engine's own figures — never before, with none."""
+    from .helpers import HeldFlag
+
+    config = GatewayConfig(backends=[BackendConfig(name="tiny", provider="mlx", model=str(tiny_dir))])
+    with InProcessGateway(config) as gw:
+        provider = gw.gateway.backends["tiny"].llm.provider
+        held = HeldFlag(lambda: provider.thread.ident)  # type: ignore[attr-defined]
+        held.install(monkeypatch)
+        body = {"model": "tiny", "messages": STORY, "max_tokens": 100_000, "stream": True, "logit_bias": {1: -1e9}}
+        try:
+            disconnect_after_chunks(gw, body, "held-1")
+            assert wait_until(held.reached.is_set, 30), "the engine never read the flag"
+            assert wait_until(lambda: "held-1" not in gw.gateway.flights, 30), "the handler was not released"
+            assert not held.expired.is_set()
+            record = httpx.get(gw.url + "/v1/requests/held-1", timeout=10)
+            assert record.status_code == 404, record.text  # the engine has not settled: no record yet
+        finally:
+            held.release.set()
+        assert provider.thread.wait_idle(30)  # type: ignore[attr-defined]
+        assert wait_until(lambda: httpx.get(gw.url + "/v1/requests/held-1", timeout=10).status_code == 200, 30)
+        record = httpx.get(gw.url + "/v1/requests/held-1", timeout=10).json()
+        assert record["reason"] == "client_disconnect" and record["tokens_after_stop"] == 0
+        assert record["stop_to_engine_stopped_ms"] >= 0

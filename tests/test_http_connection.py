@@ -160,6 +160,9 @@ def stop_with_the_loop_held(llm: LLM, request_id: str, ready: Callable[[], bool]
     thread.start()
     with pytest.raises(GenerationCancelledError):
         llm.generate("x", max_tokens=100, request_id=request_id, cancel_event=event)
+    # Raised while the loop is still held: the call is no longer listed in flight (a caller
+    # reading in_flight or calling cancel_all() right after the raise sees no ghost).
+    assert llm.in_flight == []
     thread.join(30)
     assert "failure" not in out, out["failure"]
     assert out["state"] in FIN_SENT, f"TCP state {out['state']} right after the stop: not severed by the stopper"

@@ -74,8 +74,10 @@ def run_until_stopped(llm: LLM, event: threading.Event, request_id: str, prompt:
     with pytest.raises(GenerationCancelledError) as info:
         for _ in llm.stream(prompt, max_tokens=100_000, cancel_event=event, request_id=request_id, **kwargs):
             pass
-    # The sync caller is released at once; the engine's drain releases the call right behind it.
-    assert wait_until(lambda: llm.in_flight == [], 30)
+    # The sync caller is released at once (and the call is no longer in flight); the engine
+    # drains behind it: its record is final once its thread is idle.
+    assert llm.in_flight == []
+    assert provider(llm).thread.wait_idle(30)
     return info.value.partial_text
 
 
@@ -243,7 +245,7 @@ def test_batched_request_stopped_while_queued_computes_nothing(batched: LLM) -> 
     for t in [*threads, *fifth]:
         t.join(30)
     assert [type(e) for e in errors + fifth_errors] == [GenerationCancelledError] * 5
-    assert wait_until(lambda: batched.in_flight == [], 30)
+    assert batched.in_flight == [] and p.thread.wait_idle(30)
     stats = p.stats(rid)
     assert stats is not None and stats.stopped_in == "queue"
     assert stats.prefill_done == 0 and stats.tokens == 0

@@ -28,7 +28,7 @@ structured output and tool calls enter and leave the path (prepared after admiss
 once the answer is judged complete).
 """
 
-from .admission import release
+from .admission import release, unlist
 from .call import Call, CallSpec, Progress
 from .embed import run_embedding
 from .retry import RetryPolicy
@@ -51,4 +51,5 @@ __all__ = [
     "run_operation",
     "stop_error",
     "translate",
+    "unlist",
 ]

@@ -18,7 +18,7 @@ from ..http.guard import SocketGuard
 from .call import Call
 from .translate import cancelled
 
-__all__ = ["admit", "admit_now", "release"]
+__all__ = ["admit", "admit_now", "release", "unlist"]
 
 
 async def admit(call: Call) -> None:
@@ -47,6 +47,14 @@ def admit_now(call: Call) -> None:
         call.guard.register(token)
 
 
+def unlist(call: Call) -> None:
+    """Take the call off the in-flight list now, from any thread. A call is in flight until its
+    outcome is handed to its caller: a sync caller raises its stop itself, at once, while the
+    loop still closes up behind it (``release``); from that raise on, ``in_flight`` does not list
+    it, ``cancel_all()`` does not count it, and its request id may be used again."""
+    call.registry.remove(call.token)
+
+
 def release(call: Call, *, clean: bool = False) -> None:
     """Idempotent and synchronous. ``clean``: the call read its answer to the end, so its
     connection is idle and may serve the next call; otherwise it is severed."""
@@ -60,6 +68,6 @@ def release(call: Call, *, clean: bool = False) -> None:
             guard.detach()
         else:
             guard.sever()
-    call.registry.remove(call.token)
+    unlist(call)
     call.token.release()
     telemetry.end(call, clean=clean)

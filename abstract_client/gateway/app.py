@@ -200,25 +200,53 @@ class Gateway:
             await backend.llm.aclose()
 
     def stop_recorded(self, flight: Flight, err: GenerationCancelledError) -> None:
-        seconds = time.perf_counter() - (flight.stop_seen_at or time.perf_counter())
-        reason = flight.reason or "unknown"
-        self.metrics.stopped(flight.backend.name, reason, seconds)
-        stats = getattr(flight.backend.llm.provider, "stats", None)  # in-process engines' own record
-        engine = stats(flight.request_id) if stats is not None else None
-        after = None
-        if engine is not None and engine.tokens_at_stop is not None:
-            after = engine.tokens - engine.tokens_at_stop
-        self.stop_records[flight.request_id] = {
+        """Record a stop whose caller was just released. An in-process engine drains behind its
+        caller: the record is completed with its own figures (when it saw the flag, what it
+        sampled after) and published once it has settled — on the loop, a moment later (the
+        chat page polls ``GET /v1/requests/{id}`` for it)."""
+        released = time.perf_counter()
+        record: dict[str, Any] = {
             "request_id": flight.request_id,
             "owner": flight.owner,
-            "reason": reason,
-            "stop_to_engine_stopped_ms": seconds * 1000,
+            "reason": flight.reason or "unknown",
+            "stop_to_engine_stopped_ms": None,
             "generated_tokens": err.generated_tokens,
-            "tokens_after_stop": after,
+            "tokens_after_stop": None,
         }
+        self.metrics.prompt(flight.backend.name, err.usage)
+        stats = getattr(flight.backend.llm.provider, "stats", None)  # in-process engines' own record
+        engine = stats(flight.request_id) if stats is not None else None
+        if engine is None:  # over HTTP the engine stopped when its connection was severed: now
+            self._engine_stopped(flight, record, released, None)
+            return
+        loop = self.loop
+        if loop is None:
+            engine.when_settled(lambda: self._engine_stopped(flight, record, released, engine))
+            return
+
+        def on_loop() -> None:
+            self._engine_stopped(flight, record, released, engine)
+
+        def settled() -> None:  # on the engine thread
+            try:
+                loop.call_soon_threadsafe(on_loop)
+            except RuntimeError:  # the loop is gone (shutdown): nobody reads the record
+                pass
+
+        engine.when_settled(settled)
+
+    def _engine_stopped(self, flight: Flight, record: dict[str, Any], released: float, engine: Any) -> None:
+        stop_seen = flight.stop_seen_at or released
+        stopped = released if engine is None or engine.stopped_at is None else engine.stopped_at
+        seconds = max(0.0, stopped - stop_seen)
+        record["stop_to_engine_stopped_ms"] = seconds * 1000
+        if engine is not None and engine.tokens_at_stop is not None:
+            record["tokens_after_stop"] = engine.tokens - engine.tokens_at_stop
+        self.stop_records[flight.request_id] = record  # published complete (GET /v1/requests/{id})
         while len(self.stop_records) > 1000:
             self.stop_records.popitem(last=False)
-        self.metrics.prompt(flight.backend.name, err.usage)
+        reason = record["reason"]
+        self.metrics.stopped(flight.backend.name, reason, seconds)
         if flight.span is not None:
             flight.span.add_event("engine_stopped", {"abstract_client.stop.chain_ms": seconds * 1000})
         log.info(
