@@ -27,7 +27,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from abstract_client.output.stop_sequences import StopSequences
 from abstract_client.provider import UnloadReport
 from abstract_client.stopping.token import Step, StopToken
 from abstract_client.types import GenerationRequest, StreamChunk, Timings, Usage
@@ -36,7 +35,7 @@ from ._engine import EngineProvider, EngineStop, Failure, RequestStats
 from ._gguf.model import GGUFModel
 from ._hf.detok import Detokenizer
 from ._memory import unload_measuring_rss
-from ._output import OutputShaper
+from ._step import TokenStep
 
 __all__ = ["GGUFProvider"]
 
@@ -127,27 +126,28 @@ class GGUFProvider(EngineProvider):
             sampler = handle.sampler(request, extra, ids)
             assert handle.text is not None
             reuse = handle.reuse_prefix(ids)
-            shaper = OutputShaper(
-                handle.text,
-                prompt_ids=ids,
-                think=request.response_format is None and not request.raw,
-                tools=request.tools if request.tool_choice != "none" else None,
-                first_usage=Usage(prompt_tokens=len(ids), cached_tokens=reuse),
-            )
-            stops = StopSequences(request.stop)
             detok = Detokenizer(handle.text)
-            max_tokens = request.max_tokens or handle.default_max_tokens
-            step = min(int(extra.get("n_batch", handle.n_batch)), handle.n_batch)  # one ubatch per decode
+            step = TokenStep(
+                request,
+                stats,
+                emit,
+                tokenizer=handle.text,
+                prompt_ids=ids,
+                first_usage=Usage(prompt_tokens=len(ids), cached_tokens=reuse),
+                max_tokens=request.max_tokens or handle.default_max_tokens,
+                flush=detok.flush,
+            )
+            chunk = min(int(extra.get("n_batch", handle.n_batch)), handle.n_batch)  # one ubatch per decode
             stats.prompt_tokens, stats.cached_tokens = len(ids), reuse
             stats.prefill_total, stats.prefill_done = len(ids), reuse
             handle.arm(flag)
             unhook = token.add_hook(lambda: ctypes.memset(flag, 1, 1), step=Step.SEVER)
             t0 = time.perf_counter()
             self._phase = "prefill"
-            for start in range(reuse, len(ids), step):
+            for start in range(reuse, len(ids), chunk):
                 if token.is_set:  # between slices
                     raise EngineStop
-                end = min(start + step, len(ids))
+                end = min(start + chunk, len(ids))
                 handle.decode(ids[start:end])  # a stop inside the slice raises EngineStop
                 stats.prefill_done = end
             t_prefill = time.perf_counter()
@@ -159,18 +159,11 @@ class GGUFProvider(EngineProvider):
                 chosen = int(sampler.sample(handle.llm._ctx, -1))
                 if token.is_set:  # sampled under the flag: never counted, never handed out
                     raise EngineStop
-                stats.tokens += 1
-                end_of_text = handle.is_end(chosen)
-                text = "" if end_of_text else stops.feed(detok.add(chosen))  # EOS is never text
-                full = handle.llm.n_tokens + 1 >= n_ctx
-                if end_of_text or stops.hit or stats.tokens >= max_tokens or full:
-                    finish = "stop" if end_of_text or stops.hit else "length"
-                    if not stops.hit:
-                        text += stops.feed(detok.flush())
-                    text += stops.flush()
-                for piece in shaper.feed(text, final=finish is not None):
-                    emit(piece)
-                stats.snapshot = (len(stats.text), stops.pending if shaper.plain else "")
+                if handle.is_end(chosen):  # EOS is never text
+                    finish = step.take("", "stop")
+                else:
+                    full = handle.llm.n_tokens + 1 >= n_ctx  # the context holds no next token
+                    finish = step.take(detok.add(chosen), "length" if full else None)
                 if finish is None:
                     handle.decode([chosen])
             done = time.perf_counter()

@@ -38,7 +38,6 @@ from abstract_client.errors import (
     NotSupportedError,
 )
 from abstract_client.images import url_refused
-from abstract_client.output.stop_sequences import StopSequences
 from abstract_client.provider import UnloadReport
 from abstract_client.stopping.token import StopToken
 from abstract_client.types import GenerationRequest, StreamChunk, Timings, Usage
@@ -47,7 +46,8 @@ from ._engine import END, EngineProvider, EngineStop, Failure, RequestStats
 from ._mlx.batch import BatchEngine, Sequence, runs_alone
 from ._mlx.model import MLXModel
 from ._mlx.vision import VisionModel, generate_with_images, is_vision_model, require_mlx_vlm
-from ._output import OutputShaper, held_back
+from ._output import held_back
+from ._step import TokenStep
 
 log = logging.getLogger(__name__)
 
@@ -147,50 +147,45 @@ class MLXProvider(EngineProvider):
                     raise EngineStop
 
             processors = handle.logits_processors(request, len(rest))  # the grammar is shown `rest`
-            shaper = OutputShaper(
-                tokenizer,
+            max_tokens = request.max_tokens or handle.default_max_tokens
+            # stream_generate's detokenizer is its own: this one sees the counted tokens, for the
+            # text a stop's partial text must not lose (what the detokenizer still holds back)
+            counted = tokenizer.detokenizer
+            step = TokenStep(
+                request,
+                stats,
+                emit,
+                tokenizer=tokenizer,
                 prompt_ids=ids,
-                think=request.response_format is None and not request.raw,
-                tools=request.tools if request.tool_choice != "none" else None,
                 first_usage=Usage(prompt_tokens=len(ids), cached_tokens=cached),
+                max_tokens=max_tokens,
+                held=lambda: held_back(counted),
             )
             gen = stream_generate(
                 model,
                 tokenizer,
                 rest,
-                max_tokens=request.max_tokens or handle.default_max_tokens,
+                max_tokens=max_tokens,
                 sampler=handle.sampler(request),
                 logits_processors=processors,
                 prefill_step_size=extra.get("prefill_step_size", handle.prefill_step_size),
                 prompt_progress_callback=on_prefill,
                 prompt_cache=kv,
             )
-            stops = StopSequences(request.stop)
-            # stream_generate's detokenizer is its own: this one sees the counted tokens, for the
-            # text a stop's partial text must not lose (what the detokenizer still holds back)
-            counted = tokenizer.detokenizer
             for resp in gen:
                 if token.is_set:  # before every sampled token is emitted
                     stats.stopped_in = "decode"
                     raise EngineStop
-                stats.tokens += 1
                 handed_out.append(int(resp.token))
                 if resp.finish_reason is None:
                     counted.add_token(int(resp.token))
-                text = stops.feed(resp.text)  # the final EOS response carries no EOS text
-                final = resp.finish_reason is not None or stops.hit
-                if final:
-                    text += stops.flush()
-                for piece in shaper.feed(text, final=final):
-                    emit(piece)
-                stats.snapshot = (len(stats.text), stops.pending + held_back(counted) if shaper.plain else "")
-                if final:
+                # the final response's text carries the detokenizer's flush (and no EOS text)
+                finish = step.take(resp.text, resp.finish_reason)
+                if finish is not None:
                     emit(
                         StreamChunk(
-                            finish_reason="stop" if stops.hit else resp.finish_reason,
-                            usage=Usage(
-                                prompt_tokens=len(ids), completion_tokens=resp.generation_tokens, cached_tokens=cached
-                            ),
+                            finish_reason=finish,
+                            usage=Usage(prompt_tokens=len(ids), completion_tokens=stats.tokens, cached_tokens=cached),
                             timings=Timings(prompt_tokens_per_s=resp.prompt_tps, tokens_per_s=resp.generation_tps),
                         )
                     )

@@ -27,7 +27,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from abstract_client.output.stop_sequences import StopSequences
 from abstract_client.provider import UnloadReport
 from abstract_client.stopping.token import StopToken
 from abstract_client.types import GenerationRequest, StreamChunk, Timings, Usage
@@ -37,7 +36,7 @@ from ._hf.detok import Detokenizer
 from ._hf.model import HFModel
 from ._hf.sampling import Sampler
 from ._memory import unload_measuring_rss
-from ._output import OutputShaper
+from ._step import TokenStep
 
 __all__ = ["TransformersProvider"]
 
@@ -112,17 +111,18 @@ class TransformersProvider(EngineProvider):
             extra = handle.extra(request)
             grammar = handle.grammar(request) if request.response_format is not None else None
             sampler = Sampler(request, extra, prompt_ids=ids, grammar=grammar, device=handle.device)
-            shaper = OutputShaper(
-                tokenizer,
-                prompt_ids=ids,
-                think=request.response_format is None and not request.raw,
-                tools=request.tools if request.tool_choice != "none" else None,
-                first_usage=Usage(prompt_tokens=len(ids)),
-            )
-            stops = StopSequences(request.stop)
             detok = Detokenizer(tokenizer)
-            max_tokens = request.max_tokens or handle.default_max_tokens
-            step = int(extra.get("prefill_step_size", handle.prefill_step_size))
+            step = TokenStep(
+                request,
+                stats,
+                emit,
+                tokenizer=tokenizer,
+                prompt_ids=ids,
+                first_usage=Usage(prompt_tokens=len(ids)),
+                max_tokens=request.max_tokens or handle.default_max_tokens,
+                flush=detok.flush,
+            )
+            chunk = int(extra.get("prefill_step_size", handle.prefill_step_size))
             prompt = torch.tensor(ids, device=handle.device)
             cache = DynamicCache(config=model.config)
             self._running = token
@@ -131,10 +131,10 @@ class TransformersProvider(EngineProvider):
                 # prefill: every prompt token but the last, in chunks (the last one starts decode)
                 self._phase = "prefill"
                 stats.prefill_total, stats.prompt_tokens = len(ids) - 1, len(ids)
-                for start in range(0, len(ids) - 1, step):
+                for start in range(0, len(ids) - 1, chunk):
                     if token.is_set:  # between prefill chunks
                         raise EngineStop
-                    end = min(start + step, len(ids) - 1)
+                    end = min(start + chunk, len(ids) - 1)
                     self._forward(prompt[start:end][None], cache)
                     stats.prefill_done = end
                 t_prefill = time.perf_counter()
@@ -148,18 +148,11 @@ class TransformersProvider(EngineProvider):
                     chosen = sampler.pick(logits)
                     if token.is_set:  # sampled under the flag: never counted, never handed out
                         raise EngineStop
-                    stats.tokens += 1
                     sampler.consumed(chosen)
-                    eos = chosen in handle.eos_ids
-                    text = "" if eos else stops.feed(detok.add(chosen))  # EOS is never text
-                    if eos or stops.hit or stats.tokens >= max_tokens:
-                        finish = "stop" if eos or stops.hit else "length"
-                        if not stops.hit:
-                            text += stops.feed(detok.flush())
-                        text += stops.flush()
-                    for piece in shaper.feed(text, final=finish is not None):
-                        emit(piece)
-                    stats.snapshot = (len(stats.text), stops.pending if shaper.plain else "")
+                    if chosen in handle.eos_ids:  # EOS is never text
+                        finish = step.take("", "stop")
+                    else:
+                        finish = step.take(detok.add(chosen))
                     last = torch.tensor([chosen], device=handle.device)
             done = time.perf_counter()
             emit(

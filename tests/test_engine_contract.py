@@ -298,3 +298,22 @@ def test_the_next_call_waits_for_the_drain(lane: tuple[EngineLane, LLM], monkeyp
     finally:
         held.release.set()
         _provider(llm).thread.wait_idle(60)
+
+
+def test_the_length_limit_and_a_stop_string_end_the_answer(lane: tuple[EngineLane, LLM]) -> None:
+    """The shared token step (``providers/_step.py``): ``max_tokens`` ends the answer with
+    ``length`` after exactly that many tokens; a stop string ends it with ``stop``, the text cut
+    before it — the same greedy answer on every lane's engine."""
+    spec, llm = lane
+    options = {**spec.options, "max_tokens": 8, "temperature": 0}
+    full = llm.generate(**spec.prompt(), **options)
+    assert full.finish_reason == "length" and full.usage is not None and full.usage.completion_tokens == 8
+    streamed = "".join(c.delta for c in llm.stream(**spec.prompt(), **options))
+    assert streamed == full.content
+    text = full.content
+    assert len(text) > 6, text
+    cut = text[3:6]
+    stopped = llm.generate(**spec.prompt(), **{**options, "stop": [cut]})
+    assert stopped.finish_reason == "stop"
+    assert stopped.content == text[: text.index(cut)]
+    assert stopped.usage is not None and stopped.usage.completion_tokens < 8  # it ended there

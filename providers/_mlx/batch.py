@@ -30,12 +30,12 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from abstract_client.output.stop_sequences import StopSequences
 from abstract_client.stopping.token import StopToken
 from abstract_client.types import GenerationRequest, StreamChunk, Usage
 
 from .._engine import EngineThread, Failure, RequestStats
-from .._output import OutputShaper, held_back
+from .._output import held_back
+from .._step import TokenStep
 from .model import MLXModel
 
 __all__ = ["BatchEngine", "Sequence", "runs_alone"]
@@ -68,7 +68,9 @@ class Sequence:
     prompt: list[int] = field(default_factory=list)
     handed_out: list[int] = field(default_factory=list)  # token ids counted and passed on
     decoding: bool = False
-    state: dict[str, Any] = field(default_factory=dict)
+    step: TokenStep | None = None  # set once admitted to the batch
+    detok: Any = None  # its own streaming detokenizer
+    eos: frozenset[int] = frozenset()
 
     def prompt_usage(self) -> Usage:
         return Usage(prompt_tokens=self.prompt_tokens, cached_tokens=self.cached_tokens)
@@ -209,18 +211,19 @@ class BatchEngine:
         seq.prompt_tokens, seq.cached_tokens = len(prompt), len(prompt) - len(rest)
         seq.stats.prompt_tokens, seq.stats.cached_tokens = seq.prompt_tokens, seq.cached_tokens
         seq.stats.prefill_total = len(rest)
-        seq.state = {
-            "detok": tokenizer.detokenizer,
-            "stops": StopSequences(request.stop),
-            "eos": set(tokenizer.eos_token_ids),
-            "shaper": OutputShaper(
-                tokenizer,
-                prompt_ids=prompt,
-                think=not request.raw,
-                tools=request.tools if request.tool_choice != "none" else None,
-                first_usage=seq.prompt_usage(),
-            ),
-        }
+        detok = seq.detok = tokenizer.detokenizer
+        seq.eos = frozenset(tokenizer.eos_token_ids)
+        seq.step = TokenStep(
+            request,
+            seq.stats,
+            seq.emit,
+            tokenizer=tokenizer,
+            prompt_ids=prompt,
+            first_usage=seq.prompt_usage(),
+            max_tokens=request.max_tokens or self.model.default_max_tokens,
+            flush=lambda: _finalize(detok),
+            held=lambda: held_back(detok),
+        )
         self._active[uid] = seq
 
     def _remove_stopped(self) -> None:
@@ -246,29 +249,18 @@ class BatchEngine:
             self._remove_stopped()
             return
         seq.decoding = True
-        seq.stats.tokens += 1
         seq.handed_out.append(int(r.token))
-        st = seq.state
-        detok, stops = st["detok"], st["stops"]
-        if r.token not in st["eos"]:
-            detok.add_token(r.token)
-        final = r.finish_reason is not None
-        if final:
-            detok.finalize()
-        text = stops.feed(detok.last_segment)
-        final = final or stops.hit
-        if final:
-            text += stops.flush()
-        shaper = st["shaper"]
-        for piece in shaper.feed(text, final=final):
-            seq.emit(piece)
-        # what a stop's partial text is: the emitted text, and what the matcher and the
-        # detokenizer still hold back (read from any thread, so one assignment)
-        seq.stats.snapshot = (len(seq.stats.text), stops.pending + held_back(detok) if shaper.plain else "")
-        if not final:
+        assert seq.step is not None
+        if r.token in seq.eos:
+            piece = ""
+        else:
+            seq.detok.add_token(r.token)
+            piece = seq.detok.last_segment
+        finish = seq.step.take(piece, r.finish_reason)
+        if finish is None:
             return
-        if stops.hit and r.finish_reason is None:
-            # our stop string: the generator does not know it
+        if r.finish_reason is None:
+            # ended here (a stop string): the generator does not know it
             kept = self._generator.remove([r.uid], return_prompt_caches=True)
             if r.uid in kept:
                 self._keep(seq, kept[r.uid][0])
@@ -276,7 +268,7 @@ class BatchEngine:
             self._keep(seq, r.prompt_cache)
         seq.emit(
             StreamChunk(
-                finish_reason="stop" if stops.hit else r.finish_reason,
+                finish_reason=finish,
                 usage=replace(seq.prompt_usage(), completion_tokens=seq.stats.tokens),
             )
         )
@@ -287,3 +279,8 @@ class BatchEngine:
     def _keep(self, seq: Sequence, cache: Any) -> None:
         if cache is not None:
             self.model.prompt_cache.keep(self.model.key, seq.prompt + seq.handed_out, cache)
+
+
+def _finalize(detok: Any) -> str:
+    detok.finalize()
+    return str(detok.last_segment)

@@ -38,12 +38,12 @@ from typing import Any
 
 from abstract_client.errors import NotSupportedError
 from abstract_client.images import base64_payload
-from abstract_client.output.stop_sequences import StopSequences
 from abstract_client.stopping.token import StopToken
 from abstract_client.types import GenerationRequest, Message, StreamChunk, Timings, Usage
 
 from .._engine import EngineStop, RequestStats
-from .._output import OutputShaper, chat_messages, held_back
+from .._output import chat_messages, held_back
+from .._step import TokenStep
 from .model import MLXModel
 
 __all__ = ["VisionModel", "generate_with_images", "is_vision_model"]
@@ -249,11 +249,11 @@ def generate_with_images(
     stats.phase, stats.phase_started["prefill"] = "prefill", time.perf_counter()
     language = model.language_model
     kv = make_prompt_cache(language, max_kv_size=handle.max_kv_size)
-    step = int(extra.get("prefill_step_size", handle.prefill_step_size))
+    chunk = int(extra.get("prefill_step_size", handle.prefill_step_size))
     total, done = len(ids), 0
     stats.prefill_total = total
     while total - done > 1:
-        n = min(step, total - done - 1)
+        n = min(chunk, total - done - 1)
         language(input_ids[:, done : done + n], inputs_embeds=embeds[:, done : done + n], cache=kv, **lm_kwargs)
         mx.eval([c.state for c in kv])
         done += n
@@ -278,18 +278,21 @@ def generate_with_images(
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         return sampler(logprobs)
 
-    shaper = OutputShaper(
-        tokenizer,
-        prompt_ids=ids,
-        think=request.response_format is None and not request.raw,
-        tools=request.tools if request.tool_choice != "none" else None,
-        first_usage=Usage(prompt_tokens=len(ids), cached_tokens=0),
-    )
-    stops = StopSequences(request.stop)
     detok = tokenizer.detokenizer
     detok.reset()
     eos = set(tokenizer.eos_token_ids)
     max_tokens = request.max_tokens or handle.default_max_tokens
+    step = TokenStep(
+        request,
+        stats,
+        emit,
+        tokenizer=tokenizer,
+        prompt_ids=ids,
+        first_usage=Usage(prompt_tokens=len(ids), cached_tokens=0),
+        max_tokens=max_tokens,
+        flush=lambda: _finalize(detok),
+        held=lambda: held_back(detok),
+    )
     y = sample(input_ids[:, done:], embeds[:, done:], **lm_kwargs)
     mx.async_eval(y)  # type: ignore[no-untyped-call]
     decode_started = time.perf_counter()
@@ -304,23 +307,13 @@ def generate_with_images(
         if token.is_set:  # before every token is counted or handed out
             stats.stopped_in = "decode"
             raise EngineStop
-        stats.tokens += 1
         ended = sampled in eos
-        text = "" if ended else stops.feed(_segment(detok, sampled))
-        final = ended or stops.hit or n + 1 == max_tokens
-        if final:
-            if not stops.hit:
-                detok.finalize()
-                text += stops.feed(detok.last_segment)
-            text += stops.flush()
-        for piece in shaper.feed(text, final=final):
-            emit(piece)
-        stats.snapshot = (len(stats.text), stops.pending + held_back(detok) if shaper.plain else "")
-        if final:
+        finish = step.take("" if ended else _segment(detok, sampled), "stop" if ended else None)
+        if finish is not None:
             decode_s = max(time.perf_counter() - decode_started, 1e-9)
             emit(
                 StreamChunk(
-                    finish_reason="stop" if ended or stops.hit else "length",
+                    finish_reason=finish,
                     usage=Usage(prompt_tokens=len(ids), completion_tokens=stats.tokens, cached_tokens=0),
                     timings=Timings(prompt_tokens_per_s=len(ids) / prefill_s, tokens_per_s=stats.tokens / decode_s),
                 )
@@ -332,4 +325,9 @@ def generate_with_images(
 
 def _segment(detok: Any, token: int) -> str:
     detok.add_token(token)
+    return str(detok.last_segment)
+
+
+def _finalize(detok: Any) -> str:
+    detok.finalize()
     return str(detok.last_segment)
