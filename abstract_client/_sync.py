@@ -20,7 +20,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from .contract import Call, GenerationStream, SyncStop, stop_error, unlist
-from .stopping._loop import on_event_loop
+from .stopping.loop import on_event_loop
 from .stopping.token import Step
 from .types import GenerateResult, StreamChunk
 

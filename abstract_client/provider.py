@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import httpx
 
 from .errors import NotSupportedError
-from .http.transport import HttpClients
+from .http.clients import HttpClients
 from .stopping.token import StopToken
 from .types import GenerationRequest, StreamChunk, Timings, ToolCallDelta, Usage
 

@@ -54,7 +54,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=120)
     parser.add_argument("--stops", type=int, default=20)
     args = parser.parse_args()
-    import abstract_client.providers._output as shaping
+    import abstract_client.providers._shaping as shaping
 
     mask_ms: list[float] = []
     original = shaping.GrammarProcessor.__call__

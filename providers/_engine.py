@@ -34,7 +34,7 @@ from abstract_client.errors import (
     ProviderAPIError,
 )
 from abstract_client.provider import CallContext, EmbeddingBatch, ModelInfo, Provider, UnloadReport
-from abstract_client.stopping._loop import loop_caller
+from abstract_client.stopping.loop import loop_caller
 from abstract_client.stopping.token import StopToken
 from abstract_client.types import GenerationRequest, StreamChunk, Usage
 

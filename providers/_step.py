@@ -23,7 +23,7 @@ from abstract_client.output.stop_sequences import StopSequences
 from abstract_client.types import GenerationRequest, Usage
 
 from ._engine import RequestStats
-from ._output import OutputShaper
+from ._shaping import OutputShaper
 
 __all__ = ["TokenStep"]
 

@@ -46,7 +46,7 @@ from ._engine import END, EngineProvider, EngineStop, Failure, RequestStats
 from ._mlx.batch import BatchEngine, Sequence, runs_alone
 from ._mlx.model import MLXModel
 from ._mlx.vision import VisionModel, generate_with_images, is_vision_model, require_mlx_vlm
-from ._output import held_back
+from ._shaping import held_back
 from ._step import TokenStep
 
 log = logging.getLogger(__name__)
@@ -61,9 +61,6 @@ class MLXProvider(EngineProvider):
         self,
         *,
         model: str | None = None,
-        base_url: str | None = None,
-        api_key: str | None = None,
-        connect_timeout: float | None = None,
         prefill_step_size: int = 32,
         default_max_tokens: int = 512,
         max_kv_size: int | None = None,

@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 
 from abstract_client.errors import ProviderProtocolError
+from abstract_client.http.clients import HttpClients
 from abstract_client.http.sse import SSEDecoder
-from abstract_client.http.transport import HttpClients
 from abstract_client.http.wire import drain, expect_stream, json_body, load_frame, poll_until_ready
 from abstract_client.provider import CallContext, Completion, EmbeddingBatch, ModelInfo, Provider
 from abstract_client.types import (

@@ -23,12 +23,12 @@ from abstract_client.testing import (
 
 class _TransportMocker(respx.mocks.AbstractRequestMocker):
     """respx at the transports: the lanes' generations go straight to their private transport
-    (``abstract_client/http/connection.py``), past httpx's client and httpcore, where respx's own
+    (``abstract_client/http/transport.py``), past httpx's client and httpcore, where respx's own
     mockers wait. The pooled clients' httpx transports are mocked the same way."""
 
     name = "abstract-client-transports"
     targets: ClassVar[list[str]] = [
-        "abstract_client.http.connection.GuardedTransport",
+        "abstract_client.http.transport.GuardedTransport",
         "httpx.AsyncHTTPTransport",
         "httpx.HTTPTransport",
     ]

@@ -317,3 +317,13 @@ def test_the_length_limit_and_a_stop_string_end_the_answer(lane: tuple[EngineLan
     assert stopped.finish_reason == "stop"
     assert stopped.content == text[: text.index(cut)]
     assert stopped.usage is not None and stopped.usage.completion_tokens < 8  # it ended there
+
+
+@pytest.mark.parametrize("name", ["mlx", "transformers", "gguf"])
+def test_a_servers_options_are_refused_by_an_in_process_lane(name: str) -> None:
+    """An engine in this process has no server: ``base_url`` or ``api_key`` given to it is a
+    mistake (a wrong lane name, a config copied from a server lane), said at once."""
+    with pytest.raises(TypeError, match="base_url"):
+        create_llm(name, "/any/model", base_url="http://127.0.0.1:8080")
+    with pytest.raises(TypeError, match="api_key"):
+        create_llm(name, "/any/model", api_key="sk-1")

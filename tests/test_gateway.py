@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from abstract_client import GenerationCancelledError, create_llm
-from abstract_client.http.transport import PRIVATE_KEEPALIVE
+from abstract_client.http.clients import PRIVATE_KEEPALIVE
 from abstract_client.testing import FakeOpenAIServer
 from abstract_client.testing.gateway import GatewayProcess
 

@@ -34,7 +34,7 @@ from abstract_client import (
 from abstract_client.contract.call import Call, CallSpec
 from abstract_client.contract.retry import RetryPolicy
 from abstract_client.contract.run import with_retries
-from abstract_client.stopping._loop import loop_caller
+from abstract_client.stopping.loop import loop_caller
 from abstract_client.stopping.token import InflightRegistry, StopToken
 from abstract_client.testing import FakeServer
 from abstract_client.types import GenerationRequest, Timeout

@@ -23,7 +23,7 @@ rule  what                                                                   whe
 ====  =====================================================================  =========================
 
 ``call.py`` holds what a call is (its spec, fixed when built, and its progress); ``retry.py``
-the retry policy (which failures may be retried, by type; the backoff); ``output.py`` where
+the retry policy (which failures may be retried, by type; the backoff); ``answer.py`` where
 structured output and tool calls enter and leave the path (prepared after admission, parsed only
 once the answer is judged complete).
 """

@@ -21,8 +21,8 @@ from ..provider import Completion
 from ..stopping.token import InflightRegistry, StopToken
 from ..types import GenerateResult, GenerationRequest, StreamChunk, Timeout, Timings
 from .admission import admit, release
+from .answer import finish_output, prepare
 from .call import Call, CallSpec
-from .output import finish_output, prepare
 from .retry import RetryPolicy
 from .scope import step
 from .translate import cancelled, classify, judge_complete

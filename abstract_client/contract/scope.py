@@ -18,7 +18,7 @@ import anyio
 
 from ..errors import GenerationTimeoutError, TimeoutKind
 from ..http.guard import current_guard
-from ..stopping._loop import loop_caller
+from ..stopping.loop import loop_caller
 from .call import Call
 from .translate import attach, cancelled, raise_translated
 

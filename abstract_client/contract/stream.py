@@ -18,8 +18,8 @@ import anyio
 
 from ..types import GenerateResult, StreamChunk
 from .admission import admit, release
+from .answer import finish_output, prepare
 from .call import Call
-from .output import finish_output, prepare
 from .run import result_of, with_retries
 from .scope import needs_scope, step
 from .translate import cancelled, judge_complete, raise_translated

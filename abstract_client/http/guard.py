@@ -1,7 +1,7 @@
 """Hold a private connection's socket for the call using it, and sever it on stop.
 
 A blocked read cannot be interrupted from Python, and servers only stop decoding when they see the
-connection close. So every private connection (``http/connection.py``) hands its raw socket to the
+connection close. So every private connection (``http/transport.py``) hands its raw socket to the
 :class:`SocketGuard` of the call that uses it, found through a context variable (one client serves
 every call): when it connects, before the TLS handshake or the first byte, and again when a
 pooled connection is taken by the next call. A stop then calls ``socket.shutdown(SHUT_RDWR)`` from

@@ -1,6 +1,6 @@
 """A forced tool call on a model without native tool calling, carried as schema-constrained
 text and turned back into tool-call pieces as it streams (sans-io: chunks in, chunks out).
-``contract/output.py`` decides when a call needs it."""
+``contract/answer.py`` decides when a call needs it."""
 
 from __future__ import annotations
 

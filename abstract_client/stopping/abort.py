@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 import anyio
 
 from ..errors import AbortError
-from ._loop import loop_caller
+from .loop import loop_caller
 from .timer import watcher
 
 log = logging.getLogger(__name__)

@@ -22,9 +22,9 @@ from typing import cast
 import anyio
 
 from ..errors import StopReason
-from ._loop import on_event_loop
 from .abort import AbortSignal
 from .event_hook import on_set
+from .loop import on_event_loop
 
 __all__ = ["Hook", "InflightRegistry", "Step", "StopToken", "reason_from_signal"]
 

@@ -36,7 +36,7 @@ from abstract_client.types import GenerationRequest
 
 from .._engine import EngineStop
 from .._memory import give_memory_back, rss_bytes
-from .._output import chat_messages
+from .._shaping import chat_messages
 
 __all__ = ["GGUFModel", "import_llama_cpp", "shared_library_dir"]
 

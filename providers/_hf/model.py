@@ -15,7 +15,7 @@ from typing import Any
 from abstract_client.types import GenerationRequest
 
 from .._memory import give_memory_back, rss_bytes
-from .._output import chat_messages
+from .._shaping import chat_messages
 
 __all__ = ["HFModel"]
 
@@ -136,7 +136,7 @@ class HFModel:
 
     def grammar(self, request: GenerationRequest) -> Any:
         """llguidance's matcher for ``response_format`` (its tokenizer view built once per load)."""
-        from .._output import GrammarMask
+        from .._shaping import GrammarMask
 
         model, tokenizer = self.ensure_loaded()
         if self.lltokenizer is None:

@@ -34,7 +34,7 @@ from abstract_client.stopping.token import StopToken
 from abstract_client.types import GenerationRequest, StreamChunk, Usage
 
 from .._engine import EngineThread, Failure, RequestStats
-from .._output import held_back
+from .._shaping import held_back
 from .._step import TokenStep
 from .model import MLXModel
 

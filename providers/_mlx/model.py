@@ -10,7 +10,7 @@ from typing import Any
 
 from abstract_client.types import GenerationRequest
 
-from .._output import GrammarProcessor, chat_messages
+from .._shaping import GrammarProcessor, chat_messages
 from .prompt_cache import PromptCache
 
 __all__ = ["MLXModel"]

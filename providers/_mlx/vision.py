@@ -42,7 +42,7 @@ from abstract_client.stopping.token import StopToken
 from abstract_client.types import GenerationRequest, Message, StreamChunk, Timings, Usage
 
 from .._engine import EngineStop, RequestStats
-from .._output import chat_messages, held_back
+from .._shaping import chat_messages, held_back
 from .._step import TokenStep
 from .model import MLXModel
 

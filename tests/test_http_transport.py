@@ -1,4 +1,4 @@
-"""The private connections' transport (``abstract_client/http/connection.py``) on real sockets.
+"""The private connections' transport (``abstract_client/http/transport.py``) on real sockets.
 
 A scripted server answers, withholds its headers, or stops inside a chunk. Each stop is checked
 by its mechanism (the event loop held while another thread stops, as in test_stop_mechanism):

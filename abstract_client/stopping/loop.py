@@ -12,6 +12,8 @@ from collections.abc import Callable
 
 import sniffio
 
+__all__ = ["LoopCaller", "loop_caller", "loop_key", "on_event_loop"]
+
 LoopCaller = Callable[[Callable[[], object]], None]
 
 
