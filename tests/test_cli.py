@@ -115,7 +115,7 @@ def test_typed_error_is_one_clear_line() -> None:
     )
     assert out.returncode == 1
     lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ServerUnavailableError")
+    assert len(lines) == 1 and lines[0].startswith("error: ConnectionFailedError: cannot connect")
 
 
 def test_models_load_unload_against_fake_ollama() -> None:

@@ -387,8 +387,9 @@ def test_metrics_page_parses_whatever_a_backend_is_called(upstream: FakeOpenAISe
 def test_the_access_log_is_off_unless_asked_for(tmp_path: Path) -> None:
     """uvicorn's line per request costs a small request ~6 % of its gateway CPU: off by default,
     on with ``[server] access_log = true`` (or ``--access-log``)."""
-    from abstract_client.gateway.app import create_app, uvicorn_config
+    from abstract_client.gateway.app import create_app
     from abstract_client.gateway.config import load_config
+    from abstract_client.gateway.server import uvicorn_config
 
     path = tmp_path / "gateway.toml"
     for line, expected in (("", False), ("access_log = true\n", True)):
@@ -400,8 +401,10 @@ def test_the_access_log_is_off_unless_asked_for(tmp_path: Path) -> None:
 def test_a_request_stopped_before_it_starts_gives_its_slot_back(tmp_path: Path) -> None:
     """The client left (or the request was cancelled) after its slot was free but before its
     generation started: a 499, nothing runs, and the slot is free again for the next request."""
-    from abstract_client.gateway.app import Flight, GenerationResponse, create_app
+    from abstract_client.gateway.app import create_app
+    from abstract_client.gateway.asgi import GenerationResponse
     from abstract_client.gateway.config import load_config
+    from abstract_client.gateway.state import Flight
 
     path = tmp_path / "gateway.toml"
     path.write_text('[[backend]]\nname = "m"\nprovider = "openai-compatible"\nmax_concurrent = 1\n')

@@ -19,7 +19,9 @@ import httpx
 import pytest
 
 from abstract_client.gateway import BackendConfig, GatewayConfig
-from abstract_client.gateway import app as gateway_app
+from abstract_client.gateway import asgi as gateway_asgi
+from abstract_client.gateway import generation as gateway_generation
+from abstract_client.gateway import state as gateway_state
 from abstract_client.gateway.metrics import Metrics
 from abstract_client.gateway.openai_wire import FrameEncoder, chunk_frames
 from abstract_client.gateway.workers import Peers
@@ -67,10 +69,10 @@ def test_frames_written_without_a_yield_go_out_in_one_send() -> None:
 
     llm = SimpleNamespace(astream=lambda **kw: _Chunks(100))
     backend = SimpleNamespace(llm=llm, name="m")
-    flight = gateway_app.Flight("r1", backend)  # type: ignore[arg-type]
+    flight = gateway_state.Flight("r1", backend)  # type: ignore[arg-type]
 
     async def main() -> int:
-        return await gateway_app.stream_generation(
+        return await gateway_generation.stream_generation(
             SimpleNamespace(metrics=Metrics()),  # type: ignore[arg-type]
             flight,
             send,
@@ -132,8 +134,8 @@ def test_the_disconnect_stops_the_flight_in_connection_lost(monkeypatch: pytest.
     async def never(receive: Any, flight: Any) -> None:
         await anyio.sleep_forever()
 
-    monkeypatch.setattr(gateway_app, "watch_disconnect", never)
-    monkeypatch.setattr(gateway_app.disconnects, "watcher", lambda: None)  # no disconnect thread either
+    monkeypatch.setattr(gateway_asgi, "watch_disconnect", never)
+    monkeypatch.setattr(gateway_asgi.disconnects, "watcher", lambda: None)  # no disconnect thread either
     with FakeOpenAIServer(token_delay=0.01) as up:
         backend = BackendConfig(name="m", provider="openai-compatible", model="fake-model", base_url=up.base_url)
         with InProcessGateway(GatewayConfig(backends=[backend])) as gw:

@@ -18,6 +18,6 @@ def create_app(config: GatewayConfig) -> object:
 
 
 def serve(config: GatewayConfig) -> None:
-    from .app import serve as _serve
+    from .server import serve as _serve
 
     _serve(config)

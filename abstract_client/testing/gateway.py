@@ -70,7 +70,8 @@ class InProcessGateway:
     def __init__(self, config: Any) -> None:
         import uvicorn
 
-        from ..gateway.app import create_app, uvicorn_config
+        from ..gateway.app import create_app
+        from ..gateway.server import uvicorn_config
 
         config.port = config.port if config.port not in (None, 8000) else free_port()
         config.host, config.log_level = "127.0.0.1", "warning"

@@ -1,0 +1,160 @@
+"""ASGI plumbing: JSON responses, sends that stop a flight whose client is gone or stalled, and
+:class:`GenerationResponse`, the ASGI response that runs one generation (or embedding) as a
+:class:`~.state.Flight` — in a slot, watched for its client's disconnect, counted in the
+metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+from starlette.types import Message, Receive, Scope, Send
+
+from .. import telemetry
+from ..errors import GenerationCancelledError
+from . import disconnects
+from .openai_wire import error_body, openai_error
+from .state import Backend, Flight, Gateway
+
+__all__ = ["GenerationResponse", "guarded_send", "guarded_send_json", "json_messages", "send_json", "watch_disconnect"]
+
+
+def json_messages(status: int, body: Any, headers: list[tuple[bytes, bytes]] | None = None) -> tuple[Message, Message]:
+    data = json.dumps(body).encode()
+    start = {
+        "type": "http.response.start",
+        "status": status,
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+        + (headers or []),
+    }
+    return start, {"type": "http.response.body", "body": data}
+
+
+async def send_json(send: Send, status: int, body: Any, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    for message in json_messages(status, body, headers):
+        await send(message)
+
+
+class GenerationResponse:
+    """An ASGI response that runs one generation (or embedding) as a :class:`Flight`."""
+
+    def __init__(
+        self,
+        gateway: Gateway,
+        backend: Backend,
+        request_id: str,
+        endpoint: str,
+        run: Callable[[Flight, Send], Awaitable[int]],
+    ) -> None:
+        self.gateway, self.backend, self.request_id = gateway, backend, request_id
+        self.endpoint, self.run = endpoint, run
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        gateway, backend = self.gateway, self.backend
+        if self.request_id in gateway.flights:
+            message = f"request {self.request_id} is already in flight"
+            await send_json(send, 409, openai_error(message, "invalid_request_error", "duplicate_request_id"))
+            return
+        flight = Flight(
+            self.request_id, backend, write_timeout=gateway.config.write_timeout, loop=asyncio.get_running_loop()
+        )
+        state = scope.setdefault("state", {})
+        flight.owner = state.get("owner")
+        state["flight"] = flight  # the protocol's connection_lost stops it directly
+        # ... and before that, the disconnect thread (it does not wait for the loaded loop)
+        watching = disconnects.watcher()
+        watched = watching.watch(state["client_socket"], flight) if watching and state.get("client_socket") else None
+        gateway.flights[self.request_id] = flight
+        gateway.metrics.started(backend.name)
+        status = 500
+        path = scope.get("path", "")
+        # the caller's trace continues here; the backend call's span is this span's child
+        with telemetry.server_span(f"POST {path}", scope.get("headers") or [], self.request_id, path) as flight.span:
+            try:
+                if "client_socket" in state:
+                    # Served by the gateway's own protocol: its connection_lost and the disconnect
+                    # thread stop the flight, sooner than a task reading http.disconnect would
+                    # (and a task per request is a tenth of a request's cost here).
+                    status = await self._in_slot(flight, send)
+                else:  # mounted in another ASGI server: http.disconnect is the only news
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(watch_disconnect, receive, flight)
+                        status = await self._in_slot(flight, send)
+                        tg.cancel_scope.cancel()
+            finally:
+                flight.finished = True
+                if watching is not None:
+                    watching.unwatch(watched)
+                del gateway.flights[self.request_id]
+                gateway.metrics.finished(backend.name, self.endpoint, status)
+                if flight.span is not None:
+                    flight.span.set_attribute("http.response.status_code", status)
+
+    async def _in_slot(self, flight: Flight, send: Send) -> int:
+        """Wait for a slot (bounded: 503 + Retry-After), then run; a client that leaves while
+        queued leaves the queue."""
+        backend = self.backend
+        try:
+            backend.slots.acquire_nowait()  # a free slot: no scope, no timer
+        except anyio.WouldBlock:
+            with anyio.CancelScope() as queued:
+                flight.queue_scope = queued
+                try:
+                    with anyio.fail_after(backend.cfg.queue_timeout):
+                        await backend.slots.acquire()
+                except TimeoutError:
+                    self.gateway.metrics.queue_rejected(backend.name)
+                    retry = str(max(1, round(backend.cfg.queue_timeout / 2))).encode()
+                    message = f"{backend.name} is busy: no slot within {backend.cfg.queue_timeout}s"
+                    body = openai_error(message, "unavailable_error", "queue_timeout")
+                    await send_json(send, 503, body, [(b"retry-after", retry)])
+                    return 503
+            flight.queue_scope = None
+            if queued.cancelled_caught:  # stopped while queued: no slot was taken
+                return await self._stopped_before_start(flight, send)
+        try:
+            if flight.reason is not None:  # stopped before it started (a slot taken, nothing ran)
+                return await self._stopped_before_start(flight, send)
+            return await self.run(flight, send)
+        finally:
+            backend.slots.release()
+
+    @staticmethod
+    async def _stopped_before_start(flight: Flight, send: Send) -> int:
+        if not flight.client_gone:
+            await send_json(send, *error_body(GenerationCancelledError("stopped while queued")))
+        return 499
+
+
+async def watch_disconnect(receive: Receive, flight: Flight) -> None:
+    """The client's disconnect IS the stop (the request body was already read)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            flight.stop("client_disconnect")
+            return
+
+
+async def guarded_send(send: Send, flight: Flight, *messages: Message) -> None:
+    """Send to the client unless it is gone. A client that stops reading makes ``send`` wait
+    (flow control); past the write timeout that is a stop too (reason ``client_stalled``): its
+    generation ends and its slot is free for the next request."""
+    if flight.client_gone:
+        return
+    try:
+        with anyio.move_on_after(flight.write_timeout) as scope:
+            for message in messages:
+                await send(message)
+    except OSError:  # the client went away under us: that is a stop too
+        flight.stop("client_disconnect")
+        return
+    if scope.cancelled_caught:
+        flight.client_gone = True  # nothing more can be written to it
+        flight.stop("client_stalled")
+
+
+async def guarded_send_json(send: Send, flight: Flight, status: int, body: Any) -> None:
+    await guarded_send(send, flight, *json_messages(status, body))

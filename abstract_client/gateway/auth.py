@@ -1,0 +1,119 @@
+"""The outermost middleware: the request's id, its key (its owner), and its body, read here within
+a size and a time limit before the app sees anything."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import uuid
+
+import anyio
+from starlette.applications import Starlette
+from starlette.types import Message, Receive, Scope, Send
+
+from .asgi import send_json
+from .body import REQUEST_ID
+from .openai_wire import openai_error
+
+__all__ = ["RequestIdAndAuth"]
+
+
+class RequestIdAndAuth:
+    """Outermost middleware: every response carries ``X-Request-Id`` (the caller's, if valid);
+    with API keys, every route but ``/health`` needs ``Authorization: Bearer <key>`` (compared
+    in constant time; keys never logged). The key a request came with is its owner: only the
+    same key, or the admin key, may cancel it; with an admin key set, only it may load and
+    unload models."""
+
+    def __init__(
+        self,
+        app: Starlette,
+        api_keys: list[str],
+        *,
+        admin_key: str | None = None,
+        max_body_bytes: int = 32 * 2**20,
+        body_timeout: float = 30.0,
+    ) -> None:
+        self.app = app
+        self.body_timeout = body_timeout
+        self.state = app.state
+        self._admin = admin_key.encode() if admin_key else None
+        self._keys = [k.encode() for k in api_keys] + ([self._admin] if self._admin else [])
+        self.max_body_bytes = max_body_bytes
+
+    def _owner(self, auth: bytes) -> tuple[bool, str | None, bool]:
+        """(accepted, the key's identity (a hash, never the key), is it the admin key)."""
+        if not self._keys:
+            return True, None, False
+        given = auth[7:].strip() if auth.startswith(b"Bearer ") else b""
+        found = None
+        for key in self._keys:  # every key compared, in constant time: no early exit
+            if hmac.compare_digest(given, key):
+                found = key
+        if found is None:
+            return False, None, False
+        return True, hashlib.sha256(found).hexdigest()[:16], found == self._admin
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        given = headers.get(b"x-request-id", b"").decode("latin-1")
+        if given and not REQUEST_ID.match(given):
+            await send_json(send, 400, openai_error("X-Request-Id: 1-128 of [A-Za-z0-9._:-]", "invalid_request_error"))
+            return
+        request_id = given or f"req-{uuid.uuid4().hex}"
+        scope.setdefault("state", {})["request_id"] = request_id
+        tag = (b"x-request-id", request_id.encode())
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), tag]}
+            await send(message)
+
+        accepted, owner, admin = self._owner(headers.get(b"authorization", b""))
+        # the chat page itself is public (it asks for the key); its calls carry the key
+        if not accepted and scope.get("path") not in ("/health", "/"):
+            await send_json(send_with_id, 401, openai_error("missing or wrong API key", "authentication_error"))
+            return
+        scope["state"].update(owner=owner, admin=admin, admin_required=self._admin is not None)
+        # The body limit: a declared length over it is refused before a byte is read; any other
+        # body is read here (at most the limit, so memory stays bounded) and refused the moment
+        # it passes it, before the app sees anything; the app gets the body replayed.
+        limit = self.max_body_bytes
+        declared = headers.get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > limit:
+            await _too_large(send_with_id, limit)
+            return
+        body = bytearray()
+        with anyio.move_on_after(self.body_timeout) as reading:  # a slow upload holds nothing forever
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":  # the client left during its upload
+                    return
+                body += message.get("body", b"")
+                if len(body) > limit:
+                    await _too_large(send_with_id, limit)
+                    return
+                if not message.get("more_body", False):
+                    break
+        if reading.cancelled_caught:
+            slow = f"the request body did not arrive within {self.body_timeout}s (body_timeout)"
+            await send_json(send_with_id, 408, openai_error(slow, "invalid_request_error", "request_timeout"))
+            return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()  # after the body: the disconnect watch
+            replayed = True
+            return {"type": "http.request", "body": bytes(body), "more_body": False}
+
+        await self.app(scope, replay, send_with_id)
+
+
+async def _too_large(send: Send, limit: int) -> None:
+    message = f"the request body is larger than {limit} bytes (--max-body-mb / max_body_bytes)"
+    await send_json(send, 413, openai_error(message, "invalid_request_error", "request_too_large"))

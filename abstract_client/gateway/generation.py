@@ -1,0 +1,206 @@
+"""The generation routes — ``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings`` —
+each a :class:`~.asgi.GenerationResponse` whose run is a whole answer (JSON) or a stream (SSE,
+frames coalesced by :class:`~.sse_writer.FrameWriter`). A stopped call is recorded
+(``Gateway.stop_recorded``) and answered only if its client is still there."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+from starlette.requests import Request
+from starlette.types import Send
+
+from ..errors import GenerationCancelledError
+from ..types import GenerateResult
+from .asgi import GenerationResponse, guarded_send, guarded_send_json
+from .body import error_response, no_backend, read_json, request_id_of
+from .openai_wire import (
+    BadRequest,
+    FrameEncoder,
+    chat_completion,
+    error_body,
+    generation_args,
+    sse,
+    text_completion,
+    usage_frame,
+)
+from .sse_writer import FrameWriter
+from .state import Flight, Gateway
+
+__all__ = ["embeddings_endpoint", "generation_endpoint", "stream_generation", "whole_answer", "whole_generation"]
+
+
+def generation_endpoint(gateway: Gateway, *, chat: bool) -> Callable[[Request], Awaitable[Any]]:
+    endpoint = "chat" if chat else "completions"
+
+    async def handle(request: Request) -> Any:
+        try:
+            body = await read_json(request)
+            kwargs, stream, include_usage = generation_args(body, chat=chat)
+        except BadRequest as err:
+            return error_response(err)
+        backend = gateway.backend_for(body.get("model"))
+        if backend is None:
+            return no_backend(body.get("model"))
+        model_name = str(body.get("model") or backend.name)
+        request_id = request_id_of(request)
+        kind = stream_generation if stream else whole_generation
+
+        async def run(flight: Flight, send: Send) -> int:
+            return await kind(gateway, flight, send, kwargs, model_name, chat=chat, include_usage=include_usage)
+
+        return GenerationResponse(gateway, backend, request_id, endpoint, run)
+
+    return handle
+
+
+async def whole_generation(
+    gateway: Gateway,
+    flight: Flight,
+    send: Send,
+    kwargs: dict[str, Any],
+    model: str,
+    *,
+    chat: bool,
+    include_usage: bool,
+) -> int:
+    async def produce() -> Any:
+        result = await flight.backend.llm.agenerate(
+            **kwargs, signal=flight.controller.signal, request_id=flight.request_id
+        )
+        gateway.metrics.prompt(flight.backend.name, result.usage)
+        return (chat_completion if chat else text_completion)(result, flight.request_id, model)
+
+    return await whole_answer(gateway, flight, send, produce)
+
+
+async def whole_answer(gateway: Gateway, flight: Flight, send: Send, produce: Callable[[], Awaitable[Any]]) -> int:
+    """A non-streaming answer: 200 with ``produce()``'s body, or the error's status and body; a
+    stopped call is recorded (and answered only if its client is still there)."""
+    try:
+        body = await produce()
+    except GenerationCancelledError as err:
+        gateway.stop_recorded(flight, err)
+        if not flight.client_gone:
+            await guarded_send_json(send, flight, *error_body(err))
+        return 499
+    except Exception as err:
+        status, payload = error_body(err)
+        await guarded_send_json(send, flight, status, payload)
+        return status
+    await guarded_send_json(send, flight, 200, body)
+    return 200
+
+
+async def stream_generation(
+    gateway: Gateway,
+    flight: Flight,
+    send: Send,
+    kwargs: dict[str, Any],
+    model: str,
+    *,
+    chat: bool,
+    include_usage: bool,
+) -> int:
+    """SSE. The response starts with the first chunk, so an error before it (unknown model,
+    context overflow...) gets its own status; one after it ends the stream with an error frame,
+    never a silent EOF. Frames go out coalesced (:class:`FrameWriter`)."""
+    writer = FrameWriter(lambda message: guarded_send(send, flight, message))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(writer.run)
+        status, error, tail = await _produce(
+            gateway, flight, writer, kwargs, model, chat=chat, include_usage=include_usage
+        )
+        if tail is not None:
+            writer.finish(tail)
+        elif error is None:  # the client is gone
+            writer.abandon()
+        elif writer.started:
+            writer.finish(sse(error))
+        else:  # an error before the first frame: its own status and a JSON body
+            writer.abandon()
+            await guarded_send_json(send, flight, status, error)
+    return status
+
+
+async def _produce(
+    gateway: Gateway,
+    flight: Flight,
+    writer: FrameWriter,
+    kwargs: dict[str, Any],
+    model: str,
+    *,
+    chat: bool,
+    include_usage: bool,
+) -> tuple[int, dict[str, Any] | None, bytes | None]:
+    """Run the stream into ``writer``: ``(status, error body, the last bytes of a complete
+    answer)``; neither an error nor last bytes: the client is gone, send nothing more."""
+    llm = flight.backend.llm
+    created = int(time.time())
+    encoder = FrameEncoder(flight.request_id, model, created, chat=chat)
+    try:
+        stream = llm.astream(**kwargs, signal=flight.controller.signal, request_id=flight.request_id)
+        async with stream:
+            async for chunk in stream:
+                frames = encoder.encode(chunk)
+                if frames:
+                    writer.start()
+                    writer.write(frames)
+                    if writer.behind:
+                        await writer.room()
+        result: GenerateResult = stream.result()
+        gateway.metrics.prompt(flight.backend.name, result.usage)
+    except GenerationCancelledError as err:
+        gateway.stop_recorded(flight, err)
+        return 499, None if flight.client_gone else error_body(err)[1], None
+    except Exception as err:
+        status, payload = error_body(err)
+        return status, payload, None
+    writer.start()
+    usage = sse(usage_frame(result, flight.request_id, model, created, chat=chat)) if include_usage else b""
+    return 200, None, usage + b"data: [DONE]\n\n"
+
+
+def embeddings_endpoint(gateway: Gateway) -> Callable[[Request], Awaitable[Any]]:
+    async def handle(request: Request) -> Any:
+        try:
+            body = await read_json(request)
+            if not isinstance(body, dict):
+                raise BadRequest("the body must be a JSON object")
+            inputs = body.get("input")
+            if isinstance(inputs, str):
+                inputs = [inputs]
+            if not isinstance(inputs, list) or not all(isinstance(t, str) for t in inputs):
+                raise BadRequest("input must be a string or a list of strings")
+        except BadRequest as err:
+            return error_response(err)
+        backend = gateway.backend_for(body.get("model"))
+        if backend is None:
+            return no_backend(body.get("model"))
+        model = str(body.get("model") or backend.name)
+
+        async def run(flight: Flight, send: Send) -> int:
+            async def produce() -> Any:
+                result = await flight.backend.llm.aembed(
+                    inputs,
+                    dimensions=body.get("dimensions"),
+                    signal=flight.controller.signal,
+                    request_id=flight.request_id,
+                )
+                data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(result.vectors)]
+                n = result.usage.prompt_tokens if result.usage and result.usage.prompt_tokens else 0
+                return {
+                    "object": "list",
+                    "data": data,
+                    "model": model,
+                    "usage": {"prompt_tokens": n, "total_tokens": n},
+                }
+
+            return await whole_answer(gateway, flight, send, produce)
+
+        return GenerationResponse(gateway, backend, request_id_of(request), "embeddings", run)
+
+    return handle

@@ -1,0 +1,129 @@
+"""The gateway's small routes: models, health, metrics, the OpenAPI document, cancel, a stop's
+record, the chat page, and model load/unload. Each reads the :class:`~.state.Gateway` from the
+app's state; who may do what comes from the key the request carried (``auth.py``)."""
+
+from __future__ import annotations
+
+from importlib.resources import files
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+
+from ..fleet import Fleet
+from .body import REQUEST_ID, error_response, no_backend, read_json
+from .openai_wire import BadRequest, openai_error
+from .openapi import openapi_document
+from .state import Gateway
+
+__all__ = [
+    "CHAT_PAGE",
+    "cancel",
+    "chat_page",
+    "health",
+    "load_or_unload",
+    "metrics",
+    "models",
+    "openapi",
+    "stop_record",
+]
+
+CHAT_PAGE = files(__package__).joinpath("chat.html").read_text(encoding="utf-8")  # --ui: served at "/"
+
+
+def _gateway(request: Request) -> Gateway:
+    gateway: Gateway = request.app.state.gateway
+    return gateway
+
+
+def _not_found(message: str) -> JSONResponse:
+    return JSONResponse(openai_error(message, "invalid_request_error", "not_found"), 404)
+
+
+async def models(request: Request) -> Response:
+    gateway = _gateway(request)
+    data = [{"id": b.name, "object": "model", "owned_by": b.cfg.provider} for b in gateway.backends.values()]
+    return JSONResponse({"object": "list", "data": data})
+
+
+async def health(request: Request) -> Response:
+    return JSONResponse({"status": "ok", "in_flight": len(_gateway(request).flights)})
+
+
+async def metrics(request: Request) -> Response:
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    gateway = _gateway(request)
+    fleets = {name: b.llm.status() for name, b in gateway.backends.items() if isinstance(b.llm, Fleet)}
+    return Response(
+        gateway.metrics.render(list(gateway.backends), fleets), headers={"Content-Type": CONTENT_TYPE_LATEST}
+    )
+
+
+async def openapi(request: Request) -> Response:
+    return JSONResponse(openapi_document(ui=_gateway(request).config.ui))
+
+
+async def cancel(request: Request) -> Response:
+    gateway = _gateway(request)
+    flight = gateway.flights.get(request.path_params["request_id"])
+    state = request.scope["state"]
+    # another key's request is "not found": its id is not even confirmed to exist
+    request_id = request.path_params["request_id"]
+    allowed = flight is not None and (state.get("admin") or flight.owner == state.get("owner"))
+    if flight is None and gateway.peers is not None and REQUEST_ID.match(request_id):
+        # another worker may hold it: it checks the key the same way
+        owner, admin = state.get("owner") or "-", "1" if state.get("admin") else "0"
+        if await gateway.peers.ask("cancel", request_id, owner, admin):
+            return JSONResponse({"id": request_id, "cancelled": True})
+    if flight is None or not allowed:
+        return _not_found("no such request in flight")
+    flight.stop("cancel_endpoint")
+    return JSONResponse({"id": flight.request_id, "cancelled": True})
+
+
+async def stop_record(request: Request) -> Response:
+    """What the gateway measured for a stopped request (its owner's key, or the admin's)."""
+    record = _gateway(request).stop_records.get(request.path_params["request_id"])
+    state = request.scope["state"]
+    if record is None or not (state.get("admin") or record["owner"] == state.get("owner")):
+        return _not_found("no stop recorded for this request")
+    return JSONResponse({k: v for k, v in record.items() if k != "owner"})
+
+
+async def chat_page(request: Request) -> Response:
+    return HTMLResponse(CHAT_PAGE, headers={"Cache-Control": "no-store"})
+
+
+async def load_or_unload(request: Request) -> Response:
+    gateway = _gateway(request)
+    state = request.scope["state"]
+    if state.get("admin_required") and not state.get("admin"):
+        return JSONResponse(openai_error("loading and unloading models needs the admin key", "permission_error"), 403)
+    try:
+        body = await read_json(request)
+    except BadRequest as err:
+        return error_response(err)
+    model = body.get("model") if isinstance(body, dict) else None
+    backend = gateway.backend_for(model, exact=True)
+    if backend is None:
+        return no_backend(model)
+    try:
+        if request.url.path.endswith("/load"):
+            await backend.llm.aload_model()
+            return JSONResponse({"model": backend.name, "loaded": True})
+        report = await backend.llm.aunload_model()
+        if gateway.peers is not None:  # the other workers' calls on this model stop too
+            await gateway.peers.ask("stop-backend", backend.name)
+    except Exception as err:
+        return error_response(err)
+    answer: dict[str, Any] = {
+        "model": backend.name,
+        "unloaded": True,
+        "stopped_requests": report.stopped_requests,
+        "server_unloaded": report.server_unloaded,
+        "detail": report.detail,
+        "memory_before": report.memory_before,
+        "memory_after": report.memory_after,
+    }
+    return JSONResponse(answer)
