@@ -29,11 +29,38 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
-    from .contract.call import Call
+    from .provider import CallContext, Provider
+    from .stopping.token import StopToken
+    from .types import GenerationRequest
+
+
+class TracedCall(Protocol):
+    """What telemetry reads of a call (``contract.call.Call`` is one): declared here, so that the
+    contract, which calls telemetry at admission and release, is not imported by it."""
+
+    kind: str | None
+    streaming: bool
+    span: Any
+    log_token: Any
+    error_type: str | None
+    t0: float
+    token: StopToken
+    ctx: CallContext
+    progress: Any
+    wire_request: GenerationRequest
+
+    @property
+    def provider(self) -> Provider: ...
+
+    @property
+    def request_id(self) -> str: ...
+
+    @property
+    def generated_tokens(self) -> int: ...
 
 __all__ = ["RequestIdFilter", "current_request_id", "server_span", "use"]
 
@@ -121,7 +148,7 @@ def _capture_content() -> bool:
 # -- the contract's two calls ------------------------------------------------------------------------
 
 
-def start(call: Call) -> None:
+def start(call: TracedCall) -> None:
     """At admission (rule 2): the request id for log lines; the span, when tracing is on."""
     call.log_token = _request_id.set(call.request_id)
     if call.kind is None:
@@ -168,13 +195,13 @@ def _static(provider: Any) -> dict[str, Any]:
     return static
 
 
-def retried(call: Call, error: BaseException, attempt: int, delay: float) -> None:
+def retried(call: TracedCall, error: BaseException, attempt: int, delay: float) -> None:
     """A retry of the call: an event on its span (attempts are not separate spans)."""
     if call.span is not None:
         call.span.add_event("retry", {"attempt": attempt, "error.type": type(error).__name__, "delay_s": delay})
 
 
-def end(call: Call, *, clean: bool) -> None:
+def end(call: TracedCall, *, clean: bool) -> None:
     """At release (rule 2), on every exit path: end the span with the outcome; record metrics."""
     if call.log_token is not None:
         try:
@@ -249,7 +276,7 @@ def end(call: Call, *, clean: bool) -> None:
 
 
 def _record(
-    call: Call, instruments: dict[str, Any], outcome: dict[str, Any], error_type: str | None, now: float
+    call: TracedCall, instruments: dict[str, Any], outcome: dict[str, Any], error_type: str | None, now: float
 ) -> None:
     common = {
         "gen_ai.operation.name": call.kind,

@@ -94,6 +94,28 @@ def test_no_import_cycles() -> None:
     assert cycles(graph) == []
 
 
+def package_of(module: str) -> str:
+    """``abstract_client.contract.run`` → ``contract``; the lanes are one package, ``providers``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def test_no_cycles_between_packages() -> None:
+    """Layers, not only modules: no package imports another that imports it back (``http`` and
+    ``contract`` once did, through ``parse_retry_after``; ``telemetry`` and ``contract`` through
+    a type)."""
+    known = modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in known.items():
+        for target in imports_of(name, path, known):
+            a, b = package_of(name), package_of(target)
+            graph.setdefault(a, set())
+            graph.setdefault(b, set())
+            if a != b:
+                graph[a].add(b)
+    assert cycles(graph) == []
+
+
 def test_the_public_api_is_all_and_only_all() -> None:
     exported = set(abstract_client.__all__)
     assert len(exported) == len(abstract_client.__all__)
