@@ -33,6 +33,9 @@ HANDOFF_S = 0.002
 
 
 class Portal:
+    """Each ``LLM``'s loop thread, and the sync caller's side of a call: it waits on the call and is
+    woken by the stop itself."""
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None

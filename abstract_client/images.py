@@ -99,6 +99,7 @@ def image_part(source: str | os.PathLike[str] | bytes, *, mime: str | None = Non
 
 
 def has_images(messages: list[Message]) -> bool:
+    """Whether any message carries an image part."""
     return any(True for _ in image_urls(messages))
 
 

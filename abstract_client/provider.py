@@ -68,6 +68,12 @@ class EmbeddingBatch:
 
 @dataclass(slots=True)
 class CallContext:
+    """What a provider gets for one call: its stop ``token`` (an in-process engine reads
+    ``token.is_set``), its ``request_id``, and, for an HTTP lane, the requests it may make
+    (:meth:`stream`, :meth:`request`): each on a private connection whose socket the stop shuts
+    down. A provider never builds its own client: a request made any other way cannot be
+    stopped."""
+
     token: StopToken
     request_id: str
     clients: HttpClients | None = None
@@ -92,9 +98,16 @@ class CallContext:
         return {"connect": self.connect_timeout, "read": None, "write": None, "pool": None}
 
     def stream(self, method: str, url: str, **kwargs: Any) -> AbstractAsyncContextManager[httpx.Response]:
+        """``async with ctx.stream("POST", "/v1/chat/completions", json=body) as resp:`` — the
+        response with its body unread, to iterate (``resp.aiter_bytes()``). ``url`` is relative
+        to the lane's base URL; ``kwargs`` are httpx's (``json``, ``content``, ``headers``,
+        ``params``). Only the connect timeout is set here: the other deadlines are the
+        contract's. Leaving the block early closes the connection (never pooled unfinished)."""
         return self._clients().open(method, url, timeout=self._timeout(), **self._traced(kwargs))
 
     async def request(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
+        """A whole request and response (the body read): the plain route, model management,
+        embeddings. The same private connection, stop and timeouts as :meth:`stream`."""
         return await self._clients().fetch(method, url, timeout=self._timeout(), **self._traced(kwargs))
 
     def _clients(self) -> HttpClients:
@@ -110,6 +123,9 @@ class CallContext:
 
 @dataclass(frozen=True, slots=True)
 class ModelInfo:
+    """A model the backend knows: its id, whether it is loaded (None: the server does not
+    say), and the server's own record."""
+
     id: str
     loaded: bool | None = None
     raw: Any = None
@@ -128,6 +144,11 @@ class UnloadReport:
 
 
 class Provider(abc.ABC):
+    """A lane: the wire mapping and the engine's own place to stop. Implement :meth:`stream`
+    (and :meth:`complete` where the server has a plain route); everything else has a default
+    that says the lane cannot. docs/writing-a-lane.md says what to implement, which contract
+    suite to add the lane to, and which mutants to add."""
+
     name: ClassVar[str]
     # True: a non-streaming call is carried over the streaming wire and assembled by the contract
     # (the server then sees a stop at its next token write, instead of at its next connection
@@ -202,9 +223,11 @@ class Provider(abc.ABC):
         raise NotSupportedError(f"{self.name} has no tokenize route", provider=self.name)
 
     async def list_models(self) -> list[ModelInfo]:
+        """The models the backend serves."""
         raise NotSupportedError(f"{self.name} cannot list models", provider=self.name)
 
     async def load_model(self) -> None:
+        """Load the lane's model now (a server's load route; an engine's weights)."""
         raise NotSupportedError(f"{self.name} cannot load models", provider=self.name)
 
     async def unload_model(self, *, drain_timeout: float = 30.0) -> UnloadReport:
@@ -212,8 +235,10 @@ class Provider(abc.ABC):
         return UnloadReport(detail=f"{self.name}: no server-side unload; in-flight calls stopped")
 
     async def wait_ready(self, timeout: float) -> None:
+        """Return once the backend answers and its model is ready, within ``timeout`` seconds."""
         raise NotSupportedError(f"{self.name} has no readiness probe", provider=self.name)
 
     async def aclose(self) -> None:
+        """Release what the lane holds (its connections on this loop; an engine's thread)."""
         if self.clients is not None:
             await self.clients.aclose_current_loop()

@@ -62,6 +62,7 @@ class TracedCall(Protocol):
     @property
     def generated_tokens(self) -> int: ...
 
+
 __all__ = ["RequestIdFilter", "current_request_id", "server_span", "use"]
 
 log = logging.getLogger(__name__)

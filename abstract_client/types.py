@@ -104,6 +104,8 @@ class ResponseFormat:
 
 @dataclass(frozen=True, slots=True)
 class Usage:
+    """Tokens of a call: prompt, completion, and of the prompt those a cache served."""
+
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cached_tokens: int | None = None  # prompt tokens served from a prompt cache, where reported

@@ -105,6 +105,9 @@ class Failure:
 
 
 class EngineThread:
+    """The one thread that owns an engine: every job on it runs one at a time, in order; ``wait_idle``
+    is what an eject waits on."""
+
     def __init__(self, name: str, on_exit: Callable[[], object] | None = None) -> None:
         self.name = name
         self._on_exit = on_exit

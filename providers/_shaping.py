@@ -26,6 +26,8 @@ from abstract_client.types import Message, StreamChunk, ToolCall, ToolCallDelta,
 
 
 def chat_messages(messages: list[Message], provider: str = "mlx") -> list[dict[str, Any]]:
+    """Messages as a chat template takes them (text parts joined, tool calls and results in the
+    template's shape)."""
     out = []
     for message in messages:
         m: dict[str, Any] = dict(message)

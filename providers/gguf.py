@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 
 
 class GGUFProvider(EngineProvider):
+    """The ``gguf`` lane: llama.cpp in this process (see the module docstring)."""
+
     name = "gguf"
     handle: GGUFModel
     model_is_file = True

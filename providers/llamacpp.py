@@ -32,6 +32,8 @@ _FORBIDDEN_HEADERS = {"x-conversation-id"}
 
 
 class LlamaCppProvider(OpenAICompatibleProvider):
+    """The ``llamacpp`` lane: llama-server over HTTP (see the module docstring)."""
+
     name = "llamacpp"
     complete_over_stream = True  # a stop reaches the server at its next token write
     default_base_url = "http://127.0.0.1:8080"

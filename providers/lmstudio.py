@@ -32,6 +32,9 @@ from .openai_compatible import OpenAICompatibleProvider, server_root
 
 
 class LMStudioProvider(OpenAICompatibleProvider):
+    """The ``lmstudio`` lane: LM Studio's ``/v1`` and native ``/api/v1`` routes (see the module
+    docstring)."""
+
     name = "lmstudio"
     complete_over_stream = True  # a stop reaches the server at its next token write
     default_base_url = "http://127.0.0.1:1234"

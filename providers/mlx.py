@@ -53,6 +53,8 @@ log = logging.getLogger(__name__)
 
 
 class MLXProvider(EngineProvider):
+    """The ``mlx`` lane: mlx-lm (and mlx-vlm) in this process (see the module docstring)."""
+
     name = "mlx"
     handle: MLXModel
     default_embed_batch_size = 16

@@ -75,6 +75,8 @@ def _base64_of(part: dict[str, Any]) -> str:
 
 
 class OllamaProvider(OpenAICompatibleProvider):
+    """The ``ollama`` lane: Ollama's native NDJSON routes (see the module docstring)."""
+
     name = "ollama"
     complete_over_stream = True  # a stop reaches the server at its next token write
     default_base_url = "http://127.0.0.1:11434"

@@ -38,6 +38,8 @@ def server_root(base_url: str) -> str:
 
 
 def usage_from(obj: Any) -> Usage | None:
+    """A ``Usage`` from an OpenAI ``usage`` object (with llama-server's and vLLM's cached-token
+    fields)."""
     if not isinstance(obj, dict):
         return None
     prompt, completion = obj.get("prompt_tokens"), obj.get("completion_tokens")
@@ -174,6 +176,7 @@ def chat_chunks(obj: Any) -> list[StreamChunk]:
 
 
 def completion_from(obj: Any) -> Completion:
+    """A ``Completion`` from an OpenAI chat or text completion body."""
     obj = _expect_dict(obj, "completion")
     choice = _first_choice(obj)
     if choice is None:
@@ -244,6 +247,7 @@ async def openai_sse_chunks(
 
 
 def response_format_field(fmt: ResponseFormat) -> dict[str, Any]:
+    """The ``response_format`` body field for a request's structured output, in the server's dialect."""
     if fmt.schema is None:
         return {"type": "json_object"}
     return {"type": "json_schema", "json_schema": {"name": fmt.name, "schema": fmt.schema, "strict": True}}
@@ -262,6 +266,8 @@ def wire_messages(messages: list[Message]) -> list[Any]:
 
 
 class OpenAICompatibleProvider(Provider):
+    """The ``openai-compatible`` lane: any ``/v1/chat/completions`` server (see the module docstring)."""
+
     name = "openai-compatible"
     default_base_url = "http://127.0.0.1:8080/v1"
     chat_path = "/chat/completions"

@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 
 
 class RemoteProvider(VLLMProvider):
+    """The ``remote`` lane: another abstract-client gateway, whose cancel route is called on a stop."""
+
     name = "remote"
 
     def call_headers(self, ctx: CallContext) -> dict[str, str] | None:

@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 
 
 class TransformersProvider(EngineProvider):
+    """The ``transformers`` lane: Hugging Face transformers in this process (see the module docstring)."""
+
     name = "transformers"
     handle: HFModel
     default_embed_batch_size = 16

@@ -28,6 +28,8 @@ from .openai_compatible import OpenAICompatibleProvider, openai_sse_chunks, samp
 
 
 class VLLMProvider(OpenAICompatibleProvider):
+    """The ``vllm`` lane: vLLM's OpenAI server (see the module docstring)."""
+
     name = "vllm"
     complete_over_stream = True  # a stop reaches the server at its next token write
     default_base_url = "http://127.0.0.1:8000/v1"

@@ -22,6 +22,8 @@ __all__ = ["admit", "admit_now", "release", "unlist"]
 
 
 async def admit(call: Call) -> None:
+    """Rule 1-2, on the loop: wait out an eject in progress, prepare the lane's clients, then
+    :func:`admit_now`."""
     # A call made during an eject waits for it to finish (ejects are short and rare; polled so
     # that no per-loop state is needed), unless its own stop comes first.
     while call.gate is not None and call.gate.is_set() and not call.token.is_set:
@@ -33,6 +35,8 @@ async def admit(call: Call) -> None:
 
 
 def admit_now(call: Call) -> None:
+    """Register the call in flight, listen to its stop sources, make its socket guard; a stop already
+    set raises here, before anything is sent."""
     token, spec = call.token, call.spec
     call.registry.add(token)  # a duplicate request id raises here, before anything is held
     call.admitted = True

@@ -23,6 +23,8 @@ __all__ = ["run_embedding"]
 
 
 async def run_embedding(call: Call, texts: list[str], *, batch_size: int, dimensions: int | None) -> EmbeddingResult:
+    """An embedding call under the contract: one step per batch, the stop checked between batches; a
+    stop keeps the finished vectors (``partial_embeddings``)."""
     progress = call.progress
     vectors: list[list[float]] = []
     progress.vectors = vectors  # before admission: a pre-set stop reports [] finished, not None

@@ -18,6 +18,9 @@ __all__ = ["RetryPolicy"]
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
+    """How many retries, and the backoff: ``should_retry`` by type and ``retryable`` flag, ``delay``
+    from ``Retry-After`` or capped full-jitter backoff."""
+
     max_retries: int = 2
     base_delay: float = 0.25
     max_delay: float = 8.0

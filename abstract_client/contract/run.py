@@ -62,6 +62,8 @@ async def with_retries(call: Call, attempt_once: Callable[[], Awaitable[T]]) -> 
 
 
 async def run_generation(call: Call) -> GenerateResult:
+    """A non-streaming generation under the contract: admission, the answer in one stoppable step
+    (retries inside), rule 7, the output parsed, release on every path."""
     await admit(call)
     clean = False
     try:
@@ -76,6 +78,8 @@ async def run_generation(call: Call) -> GenerateResult:
 
 
 async def first_answer(call: Call) -> Completion:
+    """The answer of the first attempt that succeeds (retried only while retryable and not stopped),
+    recorded into the call's progress."""
     await prepare(call)
     completion = await with_retries(call, lambda: complete(call))
     progress = call.progress
@@ -126,6 +130,8 @@ async def complete(call: Call) -> Completion:
 
 
 def result_of(call: Call, raw: Any = None) -> GenerateResult:
+    """The call's ``GenerateResult``, built from its progress (text, usage, timings, tool calls, parsed
+    output)."""
     p = call.progress
     now = p.completed_at or time.perf_counter()
     st = p.server_timings or Timings()
@@ -173,6 +179,8 @@ async def run_operation(
 
 
 def operation_spec(provider: Any, timeout: float | None, **sources: Any) -> CallSpec:
+    """The spec of a model-management call (list, load, unload, readiness): the caller's stop sources,
+    a total deadline, no retries."""
     return CallSpec(
         provider=provider,
         request=GenerationRequest(messages=[], model=provider.model),

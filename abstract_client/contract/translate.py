@@ -75,6 +75,8 @@ def raise_translated(call: Call, exc: BaseException) -> None:
 
 
 def attach(call: Call, err: AbstractClientError) -> AbstractClientError:
+    """Rule 8: fill ``err`` with what the call produced (partial text, tokens, usage, reasoning, tool
+    calls, vectors) and where (provider, model, request id, member)."""
     progress = call.progress
     call.error_type = type(err).__name__  # the call's outcome, for its span
     err.partial_text = err.partial_text or progress.text

@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 
 
 class Attempt:
+    """One member's try at a fleet call: its own stop token (stopped by the call's, or by losing a
+    hedge) and its stream."""
+
     def __init__(
         self,
         member: Member,

@@ -65,6 +65,9 @@ def may_fail_over(err: AbstractClientError) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class HealthPolicy:
+    """When a member counts as unhealthy (failures within a window) and how long it rests (cooldown,
+    doubling up to a cap)."""
+
     failure_threshold: int = 3
     failure_window: float = 30.0
     cooldown: float = 2.0
@@ -73,6 +76,9 @@ class HealthPolicy:
 
 @dataclass
 class MemberHealth:
+    """One member's health: its recent failures and its cooldown; only its own failures move it (a stop
+    or a 4xx never does)."""
+
     policy: HealthPolicy = field(default_factory=HealthPolicy)
     failures: deque[float] = field(default_factory=deque)
     cooldown_until: float = 0.0

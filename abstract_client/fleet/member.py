@@ -17,6 +17,8 @@ __all__ = ["Member"]
 
 @dataclass(eq=False)
 class Member:
+    """A fleet member: its ``LLM``, weight, health and counters (in flight, served)."""
+
     name: str
     llm: LLM
     weight: float = 1.0

@@ -45,6 +45,9 @@ _MIN_OBSERVED = 20  # first-chunk times observed before a quantile hedge delay a
 
 
 class FleetProvider(Provider):
+    """The provider of a :class:`~abstract_client.fleet.Fleet`: each call routed to a member, failed
+    over before its first byte, hedged if asked."""
+
     name = "fleet"
     propagates_trace = True  # each attempt's request carries the call span's traceparent
     complete_over_stream = True  # every call streams from its member: a stop is always a sever

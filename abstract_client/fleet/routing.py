@@ -31,6 +31,7 @@ POLICIES: tuple[Policy, ...] = ("least_loaded", "round_robin", "weighted", "affi
 
 
 def affinity_key(request: GenerationRequest, session: str | None) -> str:
+    """What keeps a conversation on one member: its ``session=``, else a hash of its opening messages."""
     if session is not None:
         return "session:" + session
     opening = []
@@ -47,6 +48,8 @@ def _score(key: str, member: str) -> int:
 
 
 class Router:
+    """Picks the member for a call under the fleet's policy, among the healthy ones not yet tried."""
+
     def __init__(self, policy: Policy) -> None:
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)}, not {policy!r}")

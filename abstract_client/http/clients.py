@@ -35,6 +35,8 @@ _ssl_context: ssl.SSLContext | None = None
 
 
 def shared_ssl_context() -> ssl.SSLContext:
+    """The process's default ``SSLContext`` (certifi's bundle where installed), built once on first
+    use."""
     # Building an SSLContext costs milliseconds; one per process serves every client.
     global _ssl_context
     with _ssl_lock:

@@ -18,6 +18,9 @@ T = TypeVar("T")
 
 
 class HoldsBackErrors(Generic[T]):
+    """A decoder's ``feed`` that hands out the frames before bad bytes first and raises on the next
+    call (no frame the server sent is lost to a later error)."""
+
     _error: ProviderProtocolError | None = None  # held back by feed, raised at the next call
 
     def feed(self, chunk: bytes) -> list[T]:

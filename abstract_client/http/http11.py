@@ -34,6 +34,8 @@ class HTTPProtocolError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class ResponseHead:
+    """A response's status line and headers, as read off the wire."""
+
     status: int
     reason: bytes
     headers: list[tuple[bytes, bytes]]

@@ -84,6 +84,7 @@ def _str_or_none(value: Any) -> str | None:
 
 
 def decode_json_body(content: bytes) -> Any:
+    """The JSON of an error body, or None when it is not JSON (or nests too deep)."""
     try:
         return json.loads(content)
     except (ValueError, RecursionError):

@@ -22,6 +22,8 @@ _BOM = b"\xef\xbb\xbf"
 
 
 class SSEEvent(NamedTuple):
+    """One server-sent event: its type, data (lines joined), id and retry."""
+
     # a NamedTuple, not a frozen dataclass: built once per token, and a frozen dataclass's
     # __init__ costs twice as much (object.__setattr__ per field)
     event: str = "message"

@@ -84,6 +84,7 @@ async def sse_events(resp: httpx.Response) -> AsyncIterator[SSEEvent]:
 
 
 async def ndjson_objects(resp: httpx.Response) -> AsyncIterator[Any]:
+    """The JSON objects of an NDJSON response body, as they arrive (Ollama's stream)."""
     decoder = NDJSONDecoder()
     async for part in resp.aiter_bytes():
         for obj in decoder.feed(part):
@@ -131,6 +132,7 @@ def load_frame(data: str) -> Any:
 
 
 def raise_if_error(obj: Any) -> None:
+    """Raise the typed error of an error status (or an error body under 200); return otherwise."""
     err = error_from_frame(obj)
     if err is not None:
         raise err

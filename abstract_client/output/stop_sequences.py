@@ -11,6 +11,9 @@ __all__ = ["StopSequences"]
 
 
 class StopSequences:
+    """Cuts text at the first stop string, holding back any tail that could still become one
+    (``pending``)."""
+
     def __init__(self, stops: list[str] | None) -> None:
         self.stops = [s for s in (stops or []) if s]
         self._hold = max((len(s) for s in self.stops), default=1) - 1

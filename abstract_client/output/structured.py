@@ -45,6 +45,7 @@ _CHOICES = ("auto", "none", "required")
 
 
 def normalize_tools(tools: Sequence[Any] | None) -> list[dict[str, Any]] | None:
+    """Tools as OpenAI function definitions, each checked (name, JSON schema parameters)."""
     if tools is None:
         return None
     if isinstance(tools, (dict, str)) or callable(tools):
@@ -198,6 +199,8 @@ def _required_fields(tp: Any, hints: dict[str, Any]) -> list[str]:
 
 
 def normalize_tool_choice(choice: ToolChoice, tools: list[dict[str, Any]] | None) -> ToolChoice:
+    """``tool_choice`` as ``none``/``auto``/``required`` or a named function, checked against the
+    tools."""
     if choice is None:
         return None
     if isinstance(choice, str):
@@ -252,6 +255,8 @@ def call_schema(tools: list[dict[str, Any]]) -> tuple[dict[str, Any], bool]:
 
 
 def response_format_from(value: Any) -> ResponseFormat | None:
+    """``response_format`` (a JSON schema, a pydantic model, ``json_object``) as the wire's dict,
+    checked."""
     if value is None:
         return None
     if isinstance(value, ResponseFormat):
@@ -318,6 +323,7 @@ def _refs(node: Any) -> list[str]:
 
 
 def schema_errors(schema: dict[str, Any] | None, value: Any) -> list[str]:
+    """Why ``value`` does not match ``schema`` (empty: it does)."""
     if schema is None:
         return []
     from jsonschema.validators import validator_for  # type: ignore[import-untyped]

@@ -12,6 +12,9 @@ __all__ = ["TagSplitter"]
 
 
 class TagSplitter:
+    """Splits streamed text into what is inside and outside a pair of tags (``<think>`` ...
+    ``</think>``), tags split across pieces included."""
+
     __slots__ = ("_held", "_inside", "end", "start")
 
     def __init__(self, start: str = "<think>", end: str = "</think>", *, inside: bool = False) -> None:

@@ -20,6 +20,9 @@ log = logging.getLogger(__name__)
 
 
 class Watcher:
+    """One thread for every deadline (``AbortSignal.timeout``): each fires its callback once, or is
+    cancelled."""
+
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._deadlines: list[tuple[float, int, Callable[[], object]]] = []
@@ -74,4 +77,5 @@ _watcher = Watcher()
 
 
 def watcher() -> Watcher:
+    """The process's deadline thread."""
     return _watcher

@@ -64,6 +64,8 @@ _REASONS = ("user", "timeout", "model_eject", "shutdown")
 
 
 def reason_from_signal(reason: object) -> StopReason:
+    """A stop reason from an ``AbortSignal``'s reason: ``timeout`` for a ``TimeoutError``, a known
+    reason as it is, else ``user``."""
     if isinstance(reason, TimeoutError):
         return "timeout"
     if isinstance(reason, str) and reason in _REASONS:

@@ -61,6 +61,8 @@ def shared_library_dir() -> Path | None:
 
 
 def import_llama_cpp() -> Any:
+    """llama-cpp-python over llama-server's build (its library found), with llama.cpp's log routed to
+    ``logging``."""
     if "llama_cpp" not in sys.modules and not os.environ.get("LLAMA_CPP_LIB_PATH"):
         found = shared_library_dir()
         if found is not None:
@@ -122,6 +124,9 @@ class TextView:
 
 
 class GGUFModel:
+    """The gguf lane's model: a ``Llama`` under its decode lock, the abort callback's flag, prefix
+    reuse, the sampler chain."""
+
     def __init__(
         self,
         path: Path,

@@ -10,6 +10,9 @@ __all__ = ["Detokenizer"]
 
 
 class Detokenizer:
+    """Incremental detokenisation for Hugging Face tokenizers: text for each new token, an incomplete
+    character held until it completes."""
+
     def __init__(self, tokenizer: Any) -> None:
         self._tokenizer = tokenizer
         self.ids: list[int] = []

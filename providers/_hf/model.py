@@ -40,6 +40,8 @@ def keep_large_allocations_returnable() -> None:
 
 
 class HFModel:
+    """The transformers lane's model handle: weights, tokenizer, device, and the per-request options."""
+
     def __init__(
         self,
         path: Path,

@@ -13,6 +13,9 @@ __all__ = ["Sampler"]
 
 
 class Sampler:
+    """Picks each token from the logits: temperature, top-p/top-k, repetition penalty, logit bias,
+    seed, a grammar's mask."""
+
     def __init__(
         self, request: GenerationRequest, extra: dict[str, Any], *, prompt_ids: list[int], grammar: Any, device: Any
     ) -> None:

@@ -57,6 +57,8 @@ def runs_alone(request: GenerationRequest, options: dict[str, Any]) -> bool:
 
 @dataclass(eq=False)
 class Sequence:
+    """One request in the MLX batch: its stop token, record, emitter and token step."""
+
     request: GenerationRequest
     token: StopToken
     stats: RequestStats
@@ -77,6 +79,8 @@ class Sequence:
 
 
 class BatchEngine:
+    """Continuous batching on the MLX thread (see the module docstring)."""
+
     def __init__(self, model: MLXModel, thread: EngineThread, *, max_batch_size: int) -> None:
         self.model = model
         self.thread = thread

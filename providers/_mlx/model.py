@@ -19,6 +19,9 @@ log = logging.getLogger(__name__)
 
 
 class MLXModel:
+    """The MLX lane's model handle: weights and tokenizer (loaded on the MLX thread), samplers, logits
+    processors, the prompt cache."""
+
     def __init__(
         self,
         path: Path,

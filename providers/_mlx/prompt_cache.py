@@ -25,6 +25,9 @@ log = logging.getLogger(__name__)
 
 
 class PromptCache:
+    """The model's prompt cache (mlx-lm's LRU), bounded in bytes: what a request finds of its prompt,
+    and what it leaves."""
+
     def __init__(self, max_bytes: int) -> None:
         if max_bytes < 0:
             raise ValueError("prompt_cache_bytes must be >= 0 (0 turns the prompt cache off)")

@@ -61,6 +61,7 @@ def is_vision_model(path: Path) -> bool:
 
 
 def require_mlx_vlm(path: Path) -> None:
+    """Refuse a vision model when mlx-vlm (the ``vlm`` extra) is missing, with how to install it."""
     if importlib.util.find_spec("mlx_vlm") is None:
         raise NotSupportedError(
             f"{path} is a vision model: the mlx lane runs it with mlx-vlm, which is not installed "
