@@ -48,7 +48,7 @@ class Portal:
                 loop = asyncio.new_event_loop()
                 ready = threading.Event()
 
-                def run() -> None:
+                def run_loop() -> None:
                     asyncio.set_event_loop(loop)
                     loop.call_soon(ready.set)
                     try:
@@ -59,7 +59,7 @@ class Portal:
                     finally:
                         loop.close()
 
-                self._thread = threading.Thread(target=run, name="abstract-client-sync", daemon=True)
+                self._thread = threading.Thread(target=run_loop, name="abstract-client-sync", daemon=True)
                 self._thread.start()
                 ready.wait()
                 self._loop = loop

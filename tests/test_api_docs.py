@@ -5,6 +5,7 @@ returns and raises."""
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
 import abstract_client
 from abstract_client import LLM, AbortController, AbortSignal, GenerationStream, SyncGenerationStream
@@ -34,3 +35,50 @@ def test_the_sync_generation_methods_document_args_returns_and_raises() -> None:
             assert section in doc, (method.__name__, section)
     for key in abstract_client.GenerateOptions.__annotations__:
         assert key in (inspect.getdoc(abstract_client.GenerateOptions) or ""), key
+
+
+def test_the_documented_path_to_the_socket_is_the_real_one(monkeypatch: Any) -> None:
+    """docs/architecture.md lists the frames of one sync ``generate`` from the call to the
+    socket's binding; a real call (``llamacpp`` lane, fake server) must show exactly those."""
+    import re
+    import traceback
+    from pathlib import Path
+
+    from abstract_client import create_llm
+    from abstract_client.http import guard
+    from abstract_client.testing import FakeOpenAIServer
+
+    root = Path(__file__).resolve().parent.parent
+    doc = (root / "docs" / "architecture.md").read_text()
+    section = doc.split("**The call**", 1)[1].split("**The stop**", 1)[0]
+    documented = re.findall(r"^\d+\. `([\w/.]+\.py): (\w+)`", section, re.M)
+    assert len(documented) >= 10, documented
+
+    def ours(frames: list[traceback.FrameSummary]) -> list[tuple[str, str]]:
+        paths = [Path(f.filename).resolve() for f in frames]
+        return [
+            (str(p.relative_to(root)), f.name)
+            for p, f in zip(paths, frames, strict=True)
+            if p.is_relative_to(root / "abstract_client") or p.is_relative_to(root / "providers")
+        ]
+
+    from abstract_client import _sync
+
+    caller: list[list[tuple[str, str]]] = []
+    loop: list[list[tuple[str, str]]] = []
+    real_run, real_attach = _sync.Portal.run, guard.SocketGuard.attach
+
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:  # the caller's thread
+        caller.append(ours(traceback.extract_stack()[:-1]) + [("abstract_client/_sync.py", "run")])
+        return real_run(self, *args, **kwargs)
+
+    def attach(self: Any, sock: Any) -> None:  # the loop's thread
+        loop.append(ours(traceback.extract_stack()[:-1]) + [("abstract_client/http/guard.py", "attach")])
+        real_attach(self, sock)
+
+    monkeypatch.setattr(_sync.Portal, "run", run)
+    monkeypatch.setattr(guard.SocketGuard, "attach", attach)
+    with FakeOpenAIServer() as server, create_llm("llamacpp", "m", base_url=server.base_url) as llm:
+        llm.generate("hi", max_tokens=2)
+    assert caller and loop
+    assert caller[0] + loop[0] == [(file, name) for file, name in documented], (caller[0], loop[0])
