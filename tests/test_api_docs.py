@@ -69,11 +69,11 @@ def test_the_documented_path_to_the_socket_is_the_real_one(monkeypatch: Any) -> 
     real_run, real_attach = _sync.Portal.run, guard.SocketGuard.attach
 
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:  # the caller's thread
-        caller.append(ours(traceback.extract_stack()[:-1]) + [("abstract_client/_sync.py", "run")])
+        caller.append([*ours(traceback.extract_stack()[:-1]), ("abstract_client/_sync.py", "run")])
         return real_run(self, *args, **kwargs)
 
     def attach(self: Any, sock: Any) -> None:  # the loop's thread
-        loop.append(ours(traceback.extract_stack()[:-1]) + [("abstract_client/http/guard.py", "attach")])
+        loop.append([*ours(traceback.extract_stack()[:-1]), ("abstract_client/http/guard.py", "attach")])
         real_attach(self, sock)
 
     monkeypatch.setattr(_sync.Portal, "run", run)
