@@ -15,6 +15,7 @@ the engine was still computing.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import threading
 import time
@@ -26,9 +27,9 @@ from typing import Any
 import anyio
 import pytest
 
-from abstract_client import LLM, AbortController, GenerationCancelledError, create_llm, image_part
+from abstract_client import LLM, AbortController, GenerationCancelledError, NotSupportedError, create_llm, image_part
 
-from .helpers import HeldFlag, wait_until
+from .helpers import WEATHER_TOOL, HeldFlag, wait_until
 
 
 @dataclass
@@ -130,15 +131,39 @@ def _lane(name: str, tmp: Callable[[str], Path]) -> EngineLane:
 
 
 ENGINE_LANES = ("mlx", "mlx-batched", "mlx-vision", "transformers", "gguf")
+# Lanes whose suite model is a real one (SmolLM2): what needs a meaningful answer (a seed's
+# sample, JSON, a tool call, embeddings) runs on these; the MLX lanes' are random-weight tiny
+# models (their real-model twins: tests/test_tools_real.py, tests/test_embeddings_real.py).
+REAL_MODEL_LANES = ("transformers", "gguf")
+
+_MADE: dict[str, tuple[EngineLane, LLM]] = {}
+
+
+def _made(name: str, tmp: Callable[[str], Path]) -> tuple[EngineLane, LLM]:
+    if name not in _MADE:
+        spec = _lane(name, tmp)
+        llm = spec.make()
+        llm.load_model()
+        _MADE[name] = (spec, llm)
+    return _MADE[name]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_the_lanes() -> Iterator[None]:
+    yield
+    for _, llm in _MADE.values():
+        llm.close()
+    _MADE.clear()
 
 
 @pytest.fixture(scope="module", params=ENGINE_LANES)
-def lane(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EngineLane, LLM]]:
-    spec = _lane(str(request.param), tmp_path_factory.mktemp)
-    llm = spec.make()
-    llm.load_model()
-    yield spec, llm
-    llm.close()
+def lane(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[EngineLane, LLM]:
+    return _made(str(request.param), tmp_path_factory.mktemp)
+
+
+@pytest.fixture(scope="module", params=REAL_MODEL_LANES)
+def real_lane(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[EngineLane, LLM]:
+    return _made(str(request.param), tmp_path_factory.mktemp)
 
 
 def _provider(llm: LLM) -> Any:
@@ -187,6 +212,12 @@ def _after_the_raise(llm: LLM, held: HeldFlag, request_id: str, err: GenerationC
     assert stats.tokens_at_stop == stats.tokens  # nothing counted after the engine saw the flag
     assert err.request_id == request_id and err.reason == "user"
     assert llm.in_flight == []
+    # The error carries what the engine had counted when its caller was released: every token
+    # but, at most, the one whose flag check came just before the stop (counted behind it).
+    assert err.usage is not None and err.usage.completion_tokens is not None
+    assert 0 <= stats.tokens - err.usage.completion_tokens <= 1, (stats.tokens, err.usage)
+    assert err.generated_tokens == err.usage.completion_tokens
+    assert err.usage.prompt_tokens == stats.prompt_tokens  # the engine's own count of the prompt
 
 
 @pytest.mark.parametrize("where", ["prefill", "decode"])
@@ -327,3 +358,38 @@ def test_a_servers_options_are_refused_by_an_in_process_lane(name: str) -> None:
         create_llm(name, "/any/model", base_url="http://127.0.0.1:8080")
     with pytest.raises(TypeError, match="api_key"):
         create_llm(name, "/any/model", api_key="sk-1")
+
+
+CAPITAL = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "What is the capital of France?"},
+]
+
+
+def test_a_seed_json_and_embeddings(real_lane: tuple[EngineLane, LLM]) -> None:
+    """A seed makes a sampled answer repeat; a JSON schema makes the answer schema-valid JSON;
+    embeddings are unit vectors, one per input, with their tokens counted."""
+    spec, llm = real_lane
+    a = llm.generate(**spec.prompt(), max_tokens=12, temperature=1.0, seed=7).content
+    b = llm.generate(**spec.prompt(), max_tokens=12, temperature=1.0, seed=7).content
+    assert a == b
+    cut = llm.generate(messages=CAPITAL, max_tokens=20, temperature=0, stop=["Paris"])  # type: ignore[arg-type]
+    assert "Paris" not in cut.content and cut.finish_reason == "stop"
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    shaped = llm.generate(messages=CAPITAL, max_tokens=40, response_format=schema)  # type: ignore[arg-type]
+    assert isinstance(json.loads(shaped.content)["city"], str)
+    batch = llm.embed(["the capital of France", "Paris", "a bicycle"])
+    assert len(batch.vectors) == 3 and all(abs(sum(x * x for x in v) - 1) < 1e-3 for v in batch.vectors)
+    assert batch.usage is not None and (batch.usage.prompt_tokens or 0) >= 3
+
+
+def test_a_forced_tool_call_and_auto_refused(real_lane: tuple[EngineLane, LLM]) -> None:
+    """No tool-call parser on these lanes' models: "auto" is refused before anything runs; a
+    forced call is carried as schema-constrained output, and comes back as a whole call."""
+    _, llm = real_lane
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    with pytest.raises(NotSupportedError):
+        llm.generate(messages=ask, tools=[WEATHER_TOOL])  # type: ignore[arg-type]
+    result = llm.generate(messages=ask, tools=[WEATHER_TOOL], tool_choice="required", max_tokens=60)  # type: ignore[arg-type]
+    (call,) = result.tool_calls
+    assert call.name == "get_weather" and set(call.arguments) == {"city"}

@@ -6,7 +6,6 @@ per-request counters (tokens counted, prefill tokens done, where it saw the flag
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
 import os
 import random
@@ -24,12 +23,11 @@ from abstract_client import (
     ContextOverflowError,
     GenerationCancelledError,
     ModelBusyError,
-    NotSupportedError,
     ProviderAPIError,
     create_llm,
 )
 
-from .helpers import WEATHER_TOOL, launch_llama_server, stream_in_threads, wait_until
+from .helpers import launch_llama_server, stream_in_threads, wait_until
 
 if os.environ.get("ABSTRACT_CLIENT_REQUIRE_ENGINES") != "1" and importlib.util.find_spec("llama_cpp") is None:
     pytest.skip("llama-cpp-python is missing: scripts/get_llama_cpp_python.sh", allow_module_level=True)
@@ -117,21 +115,6 @@ def test_the_same_answer_as_create_completion_on_the_same_llama(llm: LLM) -> Non
     expected = p.thread.submit(reference).result(120)
     ours = llm.generate(messages=CAPITAL, max_tokens=24, temperature=0)  # type: ignore[arg-type]
     assert ours.content == expected.strip() or ours.content == expected
-
-
-def test_stop_mid_stream_counts_nothing_after_the_flag(llm: LLM) -> None:
-    event = threading.Event()
-    with pytest.raises(GenerationCancelledError) as info:
-        for i, _ in enumerate(llm.stream(STORY, max_tokens=400, cancel_event=event, request_id="g-stop"), 1):
-            if i == 6:
-                event.set()
-    assert provider(llm).thread.wait_idle(10)
-    stats = provider(llm).stats("g-stop")
-    assert stats is not None and stats.stopped_in == "decode" and not stats.finished
-    assert stats.tokens_at_stop == stats.tokens  # nothing counted after the engine saw the flag
-    err = info.value
-    assert err.partial_text and err.reason == "user"
-    assert err.usage is not None and err.usage.completion_tokens == stats.tokens  # the engine's own count
 
 
 def flag_at_sample(p: GGUFProvider, n: int, monkeypatch: pytest.MonkeyPatch) -> threading.Event:
@@ -300,31 +283,6 @@ def test_typed_failures_keep_the_partial_text_and_the_lane_serves_on(llm: LLM, m
         llm.generate(long_prompt(3000), max_tokens=4)
     assert overflow.value.n_ctx == 8192 and (overflow.value.n_prompt_tokens or 0) > 8192
     assert "Paris" in llm.generate(messages=CAPITAL, max_tokens=20, temperature=0).content  # type: ignore[arg-type]
-
-
-def test_seed_stop_strings_json_embeddings(llm: LLM) -> None:
-    a = llm.generate(STORY, max_tokens=12, temperature=1.0, seed=7).content
-    b = llm.generate(STORY, max_tokens=12, temperature=1.0, seed=7).content
-    assert a == b
-    cut = llm.generate(messages=CAPITAL, max_tokens=20, temperature=0, stop=["Paris"])  # type: ignore[arg-type]
-    assert "Paris" not in cut.content and cut.finish_reason == "stop"
-    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
-    shaped = llm.generate(messages=CAPITAL, max_tokens=40, response_format=schema)  # type: ignore[arg-type]
-    assert isinstance(json.loads(shaped.content)["city"], str)
-    batch = llm.embed(["the capital of France", "Paris", "a bicycle"])
-    assert len(batch.vectors) == 3 and all(abs(sum(x * x for x in v) - 1) < 1e-3 for v in batch.vectors)
-    assert batch.usage is not None and (batch.usage.prompt_tokens or 0) >= 3
-
-
-def test_forced_tool_call_and_auto_refused(llm: LLM) -> None:
-    """No tool-call parser in this lane: "auto" is refused before anything runs; a forced call is
-    carried as schema-constrained output (a llama.cpp grammar built from the tool's schema)."""
-    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
-    with pytest.raises(NotSupportedError):
-        llm.generate(messages=ask, tools=[WEATHER_TOOL])  # type: ignore[arg-type]
-    result = llm.generate(messages=ask, tools=[WEATHER_TOOL], tool_choice="required", max_tokens=60)  # type: ignore[arg-type]
-    (call,) = result.tool_calls
-    assert call.name == "get_weather" and set(call.arguments) == {"city"}
 
 
 def test_eject_during_generation_frees_the_memory_and_reloads(

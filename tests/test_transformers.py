@@ -5,7 +5,6 @@ process's RSS around an eject."""
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -20,12 +19,11 @@ from abstract_client import (
     AbortController,
     GenerationCancelledError,
     ModelBusyError,
-    NotSupportedError,
     ProviderAPIError,
     create_llm,
 )
 
-from .helpers import WEATHER_TOOL, require_module, stream_in_threads, wait_until
+from .helpers import require_module, stream_in_threads, wait_until
 
 torch = require_module("torch", "transformers")
 require_module("transformers", "transformers")
@@ -88,25 +86,6 @@ def test_matches_model_generate_greedy(llm: LLM) -> None:
     expected = p.thread.submit(reference).result(120)
     ours = llm.generate(messages=CAPITAL, max_tokens=24, temperature=0)  # type: ignore[arg-type]
     assert ours.content == expected.strip() or ours.content == expected
-
-
-def test_stop_mid_stream_counts_nothing_after_the_flag(llm: LLM) -> None:
-    event = threading.Event()
-    chunks = 0
-    with pytest.raises(GenerationCancelledError) as info:
-        for chunks, _ in enumerate(llm.stream(STORY, max_tokens=400, cancel_event=event, request_id="t-stop"), 1):
-            if chunks == 6:
-                event.set()
-    stopped = time.perf_counter()
-    assert provider(llm).thread.wait_idle(10)
-    stats = provider(llm).stats("t-stop")
-    assert stats is not None and stats.stopped_in == "decode" and not stats.finished
-    assert stats.tokens_at_stop == stats.tokens  # nothing counted after the engine saw the flag
-    assert stats.stopped_at is not None and stats.stopped_at - stopped < 5  # one decode step, generously
-    err = info.value
-    assert err.partial_text and err.reason == "user"
-    asked = [{"role": "user", "content": STORY}]
-    assert err.usage is not None and err.usage.prompt_tokens == llm.count_tokens(messages=asked)  # type: ignore[arg-type]
 
 
 class FlagInForward:
@@ -232,28 +211,6 @@ def test_an_engine_failure_is_typed_keeps_the_partial_text_and_the_lane_serves_o
     assert "out of memory (injected)" in str(err) and err.partial_text
     assert not isinstance(err, GenerationCancelledError)
     assert "Paris" in llm.generate(messages=CAPITAL, max_tokens=20, temperature=0).content  # type: ignore[arg-type]
-
-
-def test_seed_stop_strings_json_embeddings(llm: LLM) -> None:
-    a = llm.generate(STORY, max_tokens=12, temperature=1.0, seed=7).content
-    b = llm.generate(STORY, max_tokens=12, temperature=1.0, seed=7).content
-    assert a == b
-    cut = llm.generate(messages=CAPITAL, max_tokens=20, temperature=0, stop=["Paris"])  # type: ignore[arg-type]
-    assert "Paris" not in cut.content and cut.finish_reason == "stop"
-    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
-    shaped = llm.generate(messages=CAPITAL, max_tokens=40, response_format=schema)  # type: ignore[arg-type]
-    assert isinstance(json.loads(shaped.content)["city"], str)
-    vectors = llm.embed(["the capital of France", "Paris", "a bicycle"]).vectors
-    assert len(vectors) == 3 and all(abs(sum(x * x for x in v) - 1) < 1e-3 for v in vectors)
-
-
-def test_forced_tool_call_and_auto_refused(llm: LLM) -> None:
-    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
-    with pytest.raises(NotSupportedError):
-        llm.generate(messages=ask, tools=[WEATHER_TOOL])  # type: ignore[arg-type]  # "auto": no tool parser here
-    result = llm.generate(messages=ask, tools=[WEATHER_TOOL], tool_choice="required", max_tokens=60)  # type: ignore[arg-type]
-    (call,) = result.tool_calls
-    assert call.name == "get_weather" and set(call.arguments) == {"city"}
 
 
 async def test_abort_controller_async(llm: LLM, anyio_backend: str) -> None:
