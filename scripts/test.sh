@@ -65,6 +65,9 @@ if [[ $rc -ne 0 ]]; then
   exit $rc
 fi
 
+echo ">> the other Python versions the README promises: the core suite on 3.12 and 3.13 (scripts/test_versions.sh)"
+bash scripts/test_versions.sh -q
+
 if [[ "${MUTATION:-1}" != "0" ]]; then
   echo ">> mutation gate (scripts/mutation.sh; the suite just passed, so no baseline run)"
   bash scripts/mutation.sh --no-baseline

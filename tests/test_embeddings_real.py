@@ -15,7 +15,7 @@ import pytest
 from abstract_client import LLM, GenerationCancelledError, create_llm
 from abstract_client.testing.processes import LlamaServer
 
-from .helpers import launch_llama_server
+from .helpers import launch_llama_server, needs_mlx
 
 HIDDEN = 576
 CAPITAL = [
@@ -96,6 +96,7 @@ def test_llamacpp_stop_during_a_2000_text_embed(embedder: LlamaServer) -> None:
     assert len(done) <= processed <= len(done) + size, (processed, len(done))
 
 
+@needs_mlx
 def test_mlx_vectors_count_tokens_and_stop() -> None:
     from abstract_client.app.assets import smollm2_mlx
     from abstract_client.providers.mlx import MLXProvider

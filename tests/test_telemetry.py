@@ -30,7 +30,7 @@ from abstract_client.gateway import BackendConfig, GatewayConfig
 from abstract_client.testing import FakeOpenAIServer
 from abstract_client.testing.gateway import InProcessGateway
 
-from .helpers import launch_llama_server, wait_until
+from .helpers import launch_llama_server, needs_mlx, wait_until
 
 sdk_trace = pytest.importorskip("opentelemetry.sdk.trace")
 from opentelemetry.sdk.metrics import MeterProvider  # noqa: E402
@@ -175,6 +175,7 @@ async def _aenumerate(stream: Any) -> Any:
         yield i, item
 
 
+@needs_mlx
 def test_embeddings_and_an_in_process_eject(otel: Recorded, server: FakeOpenAIServer, tiny_dir: Any) -> None:
     with create_llm("openai-compatible", "fake-model", base_url=server.base_url) as llm:
         llm.embed(["a", "b"])
