@@ -13,7 +13,6 @@ import threading
 import time
 from collections.abc import Iterator
 
-import anyio
 import pytest
 
 from abstract_client import (
@@ -26,6 +25,8 @@ from abstract_client import (
 from abstract_client.testing.processes import LlamaServer
 
 from .helpers import launch_llama_server, wait_until
+from .server_contract import *  # noqa: F403  (the shared suite: ServerLane and its tests)
+from .server_contract import ServerLane
 
 pytestmark = pytest.mark.llamacpp
 
@@ -52,6 +53,26 @@ def lm(llama: LlamaServer) -> Iterator[LLM]:
     client = create_llm("llamacpp", "smollm2", base_url=llama.url, max_retries=0)
     yield client
     client.close()
+
+
+@pytest.fixture
+def server_lane(llama: LlamaServer) -> ServerLane:
+    """llama-server's part of the shared suite (tests/server_contract.py): its evidence is a new
+    ``cancel task`` log line, the slot idle and its decoded-token count frozen."""
+
+    def mid_prompt(err: GenerationCancelledError) -> None:
+        assert "cancel task" in llama.log_text()
+
+    return ServerLane(
+        story="Write a very long story about a dragon.",
+        max_tokens=2000,
+        long_prompt=long_prompt(),
+        stop_after_s=1.0,
+        prefill_stop_after_s=1.0,
+        mark=lambda: len(llama.cancelled_tasks()),
+        assert_stopped=lambda before: assert_server_stopped(llama, before),
+        after_prefill_stop=mid_prompt,
+    )
 
 
 def long_prompt(words: int = 2000) -> str:
@@ -101,78 +122,6 @@ def test_raw_completion_native_endpoint(lm: LLM) -> None:
     assert "".join(c.delta for c in chunks) == result.content
 
 
-def test_stop_mid_stream(lm: LLM, llama: LlamaServer) -> None:
-    before = len(llama.cancelled_tasks())
-    event = threading.Event()
-    n = 0
-    with pytest.raises(GenerationCancelledError) as info:
-        for chunk in lm.stream(
-            "Write a very long story about a dragon.", max_tokens=2000, ignore_eos=True, cancel_event=event
-        ):
-            n += bool(chunk.delta)
-            if n == 10:
-                t0 = time.perf_counter()
-                event.set()
-    assert time.perf_counter() - t0 < 0.5
-    assert info.value.generated_tokens >= 10 and info.value.partial_text
-    assert_server_stopped(llama, before)
-
-
-def test_stop_non_streaming(lm: LLM, llama: LlamaServer) -> None:
-    before = len(llama.cancelled_tasks())
-    event = threading.Event()
-    threading.Timer(1.0, event.set).start()
-    t0 = time.perf_counter()
-    with pytest.raises(GenerationCancelledError):
-        lm.generate("Write a very long story about a dragon.", max_tokens=2000, ignore_eos=True, cancel_event=event)
-    assert time.perf_counter() - t0 < 1.5
-    assert_server_stopped(llama, before)
-
-
-def test_stop_during_prefill_of_a_long_prompt(lm: LLM, llama: LlamaServer) -> None:
-    before = len(llama.cancelled_tasks())
-    controller = AbortController()
-    threading.Timer(1.0, controller.abort).start()
-    with pytest.raises(GenerationCancelledError) as info:
-        for _ in lm.stream(long_prompt(), max_tokens=50, signal=controller.signal):
-            pytest.fail("a token arrived: the prompt was not still being processed")
-    assert info.value.partial_text == ""
-    assert_server_stopped(llama, before)
-    # it stopped mid-prompt: the log shows prompt progress below 100% before the cancel
-    assert "cancel task" in llama.log_text()
-
-
-@pytest.mark.anyio
-@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
-async def test_abort_controller_async(lm: LLM, llama: LlamaServer, anyio_backend: str) -> None:
-    before = len(llama.cancelled_tasks())
-    controller = AbortController()
-    with pytest.raises(GenerationCancelledError):
-        async with lm.astream(
-            "Tell me a long story.", max_tokens=2000, ignore_eos=True, signal=controller.signal
-        ) as stream:
-            n = 0
-            async for chunk in stream:
-                n += bool(chunk.delta)
-                if n == 5:
-                    controller.abort()
-    await anyio.to_thread.run_sync(assert_server_stopped, llama, before)
-
-
-@pytest.mark.anyio
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
-async def test_asyncio_task_cancellation(lm: LLM, llama: LlamaServer, anyio_backend: str) -> None:
-    import asyncio
-
-    before = len(llama.cancelled_tasks())
-    task = asyncio.ensure_future(lm.agenerate("Tell me a long story.", max_tokens=2000, ignore_eos=True))
-    await asyncio.sleep(1.0)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    await asyncio.to_thread(assert_server_stopped, llama, before)
-
-
 def test_stop_is_never_retried(llama: LlamaServer) -> None:
     lm = create_llm("llamacpp", "smollm2", base_url=llama.url, max_retries=5)
     with lm:
@@ -215,22 +164,6 @@ def test_never_sends_conversation_id(llama: LlamaServer) -> None:
         create_llm("llamacpp", base_url=llama.url, headers={"X-Conversation-Id": "c1"})
 
 
-@pytest.mark.parametrize("raw", [False, True], ids=["chat", "raw"])
-def test_non_streaming_over_the_stream_equals_the_plain_answer(lm: LLM, raw: bool) -> None:
-    """A non-streaming generate rides the streaming wire by default; greedy decoding gives the
-    same content, finish_reason and usage as the plain route, and the same timing fields."""
-    kwargs = {"max_tokens": 24, "temperature": 0, "seed": 1}
-    args = ("The capital of France is",) if raw else ()
-    over = lm.generate(*args, raw=raw, messages=None if raw else CAPITAL, **kwargs)  # type: ignore[arg-type]
-    plain = lm.generate(*args, raw=raw, messages=None if raw else CAPITAL, plain_wire=True, **kwargs)  # type: ignore[arg-type]
-    assert over.content == plain.content and over.content
-    assert over.finish_reason == plain.finish_reason
-    assert over.usage == plain.usage and over.usage is not None and over.usage.completion_tokens
-    for field in ("prompt_ms", "predicted_ms", "tokens_per_s"):
-        assert (getattr(over.timings, field) is None) == (getattr(plain.timings, field) is None), field
-    assert over.timings.predicted_ms is not None and over.timings.predicted_ms > 0
-
-
 def test_non_streaming_stop_reaches_the_server_within_a_token(lm: LLM, llama: LlamaServer) -> None:
     """Over the streaming wire llama-server notices the stop at its next token write, not at
     its once-a-second poll of a plain request. The proof does not depend on the machine's
@@ -261,13 +194,6 @@ def test_non_streaming_stop_reaches_the_server_within_a_token(lm: LLM, llama: Ll
     assert released is not None, llama.log_tail()
     decoded_by_server = int(released.group(1)) - prompt_tokens
     assert decoded_by_server <= received + 3, (decoded_by_server, received)
-
-
-def test_count_tokens_matches_the_prompt_the_server_reports(lm: LLM) -> None:
-    result = lm.generate(messages=CAPITAL, max_tokens=2, temperature=0)
-    assert result.usage is not None and lm.count_tokens(messages=CAPITAL) == result.usage.prompt_tokens
-    raw = lm.generate("The capital of France is", raw=True, max_tokens=2, temperature=0)
-    assert raw.usage is not None and lm.count_tokens("The capital of France is") == raw.usage.prompt_tokens
 
 
 def test_back_to_back_calls_never_reuse_a_connection_llama_server_is_closing(lm: LLM) -> None:

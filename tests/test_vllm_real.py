@@ -14,12 +14,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import anyio
 import pytest
 
 from abstract_client import (
     LLM,
-    AbortController,
     ContextOverflowError,
     GenerationCancelledError,
     ModelNotFoundError,
@@ -29,6 +27,8 @@ from abstract_client import (
 from abstract_client.testing.processes import VLLMServer, vllm_environment
 
 from .helpers import WEATHER_TOOL
+from .server_contract import *  # noqa: F403  (the shared suite: ServerLane and its tests)
+from .server_contract import ServerLane
 
 pytestmark = pytest.mark.vllm
 
@@ -64,6 +64,21 @@ def lm(vllm: VLLMServer) -> Iterator[LLM]:
     client.close()
 
 
+@pytest.fixture
+def server_lane(vllm: VLLMServer) -> ServerLane:
+    """vLLM's part of the shared suite (tests/server_contract.py): its evidence is
+    ``vllm:num_requests_running`` back to 0 and its generated-token count frozen."""
+    return ServerLane(
+        story=STORY,
+        max_tokens=1500,
+        long_prompt="Summarise: " + " ".join(f"word{i % 97}" for i in range(600)),  # ~1800 tokens, 64 per step
+        stop_after_s=1.5,
+        prefill_stop_after_s=0.5,
+        mark=lambda: None,
+        assert_stopped=lambda before: assert_vllm_stopped(vllm),
+    )
+
+
 def wait_running(vllm: VLLMServer, value: float, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -92,20 +107,6 @@ def test_real_answers_with_usage(lm: LLM) -> None:
     assert stream.result().usage == result.usage  # the same greedy answer, counted the same
 
 
-@pytest.mark.parametrize("raw", [False, True], ids=["chat", "raw"])
-def test_non_streaming_over_the_stream_equals_the_plain_answer(lm: LLM, raw: bool) -> None:
-    """Greedy decoding: the over-stream answer (the default) and the plain route agree."""
-    if raw:
-        over = lm.generate("The capital of France is", raw=True, max_tokens=12, temperature=0)
-        plain = lm.generate("The capital of France is", raw=True, max_tokens=12, temperature=0, plain_wire=True)
-    else:
-        over = lm.generate(messages=CAPITAL, max_tokens=12, temperature=0)
-        plain = lm.generate(messages=CAPITAL, max_tokens=12, temperature=0, plain_wire=True)
-    assert over.content == plain.content and over.content
-    assert over.finish_reason == plain.finish_reason
-    assert over.usage == plain.usage and over.usage is not None and over.usage.completion_tokens
-
-
 def test_raw_completion_and_extras(lm: LLM) -> None:
     extras = {"top_k": 1, "min_p": 0.0, "repetition_penalty": 1.1}
     result = lm.generate("The capital of France is", raw=True, max_tokens=5, temperature=0, **extras)
@@ -121,65 +122,6 @@ def test_structured_output_json_schema(lm: LLM) -> None:
     assert isinstance(json.loads(result.content)["city"], str)
 
 
-def test_stop_mid_stream(lm: LLM, vllm: VLLMServer) -> None:
-    event = threading.Event()
-    with pytest.raises(GenerationCancelledError) as info:
-        for i, _ in enumerate(lm.stream(STORY, max_tokens=1500, ignore_eos=True, cancel_event=event)):
-            if i == 10:
-                event.set()
-    assert info.value.partial_text
-    assert_vllm_stopped(vllm)
-
-
-def test_stop_non_streaming(lm: LLM, vllm: VLLMServer) -> None:
-    event = threading.Event()
-    threading.Timer(1.5, event.set).start()
-    t0 = time.perf_counter()
-    with pytest.raises(GenerationCancelledError):
-        lm.generate(STORY, max_tokens=1500, ignore_eos=True, cancel_event=event)
-    assert time.perf_counter() - t0 < 2.5
-    assert_vllm_stopped(vllm)
-
-
-def test_stop_during_prefill_of_a_long_prompt(lm: LLM, vllm: VLLMServer) -> None:
-    prompt = "Summarise: " + " ".join(f"word{i % 97}" for i in range(600))  # ~1800 tokens, 64 per step
-    controller = AbortController()
-    threading.Timer(0.5, controller.abort).start()
-    with pytest.raises(GenerationCancelledError) as info:
-        for _ in lm.stream(prompt, max_tokens=50, signal=controller.signal):
-            pass
-    assert info.value.partial_text == ""
-    assert info.value.generated_tokens == 0  # stopped before its first token
-    assert_vllm_stopped(vllm)
-
-
-@pytest.mark.anyio
-@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
-async def test_abort_controller_async(lm: LLM, vllm: VLLMServer, anyio_backend: str) -> None:
-    controller = AbortController()
-    with pytest.raises(GenerationCancelledError):
-        async with lm.astream(STORY, max_tokens=1500, ignore_eos=True, signal=controller.signal) as stream:
-            n = 0
-            async for _ in stream:
-                n += 1
-                if n == 5:
-                    controller.abort()
-    await anyio.to_thread.run_sync(assert_vllm_stopped, vllm)
-
-
-@pytest.mark.anyio
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
-async def test_asyncio_task_cancellation(lm: LLM, vllm: VLLMServer, anyio_backend: str) -> None:
-    import asyncio
-
-    task = asyncio.ensure_future(lm.agenerate(STORY, max_tokens=1500, ignore_eos=True))
-    await asyncio.sleep(1.5)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    await asyncio.to_thread(assert_vllm_stopped, vllm)
-
-
 def test_errors_are_typed(vllm: VLLMServer) -> None:
     with (
         create_llm("vllm", "no-such-model", base_url=vllm.url, max_retries=0) as bad,
@@ -193,13 +135,6 @@ def test_errors_are_typed(vllm: VLLMServer) -> None:
             lm.unload_model(drain_timeout=5)
         lm.wait_ready(10)
         assert [m.id for m in lm.list_models()] == ["smollm2"]
-
-
-def test_count_tokens_matches_the_prompt_the_server_reports(lm: LLM) -> None:
-    result = lm.generate(messages=CAPITAL, max_tokens=2, temperature=0)
-    assert result.usage is not None and lm.count_tokens(messages=CAPITAL) == result.usage.prompt_tokens
-    raw = lm.generate("The capital of France is", raw=True, max_tokens=2, temperature=0)
-    assert raw.usage is not None and lm.count_tokens("The capital of France is") == raw.usage.prompt_tokens
 
 
 # -- tools and structured output (vLLM guides "required" and named choices for any model) -----------

@@ -1,0 +1,151 @@
+"""The contract every real-server HTTP lane keeps (llama-server, vLLM), one body per test.
+
+A lane's module provides two fixtures — ``lm`` (an ``LLM`` on its real server) and
+``server_lane`` (a :class:`ServerLane`: its prompts and its server's own evidence of a stop) —
+and imports the tests it runs::
+
+    from .server_contract import *  # noqa: F403
+
+so the same test bodies run on every server, each proven by that server's evidence (a ``cancel
+task`` log line and ``/slots``; ``vllm:num_requests_running``). docs/writing-a-lane.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import pytest
+
+from abstract_client import LLM, AbortController, GenerationCancelledError
+
+__all__ = [
+    "ServerLane",
+    "test_abort_controller_async",
+    "test_asyncio_task_cancellation",
+    "test_count_tokens_matches_the_prompt_the_server_reports",
+    "test_non_streaming_over_the_stream_equals_the_plain_answer",
+    "test_stop_during_prefill_of_a_long_prompt",
+    "test_stop_mid_stream",
+    "test_stop_non_streaming",
+]
+
+CAPITAL = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "What is the capital of France?"},
+]
+
+
+@dataclass
+class ServerLane:
+    """How the suite drives one server: a story that decodes for long (``max_tokens``, EOS
+    ignored), a prompt long enough to stop during its prefill, when a timed stop fires, and the
+    server's own evidence: ``mark()`` before a stop, ``assert_stopped(mark)`` after it."""
+
+    story: str
+    max_tokens: int
+    long_prompt: str
+    stop_after_s: float  # a timed stop lands here (in decode)
+    prefill_stop_after_s: float  # ... or here (during the long prompt's prefill)
+    mark: Callable[[], Any]
+    assert_stopped: Callable[[Any], None]
+    after_prefill_stop: Callable[[GenerationCancelledError], None] = lambda err: None
+
+
+def test_stop_mid_stream(lm: LLM, server_lane: ServerLane) -> None:
+    before = server_lane.mark()
+    event = threading.Event()
+    n = 0
+    t0 = time.perf_counter()
+    with pytest.raises(GenerationCancelledError) as info:
+        for chunk in lm.stream(
+            server_lane.story, max_tokens=server_lane.max_tokens, ignore_eos=True, cancel_event=event
+        ):
+            n += bool(chunk.delta)
+            if n == 10:
+                t0 = time.perf_counter()
+                event.set()
+    assert time.perf_counter() - t0 < 0.5
+    assert info.value.generated_tokens >= 10 and info.value.partial_text
+    server_lane.assert_stopped(before)
+
+
+def test_stop_non_streaming(lm: LLM, server_lane: ServerLane) -> None:
+    before = server_lane.mark()
+    event = threading.Event()
+    threading.Timer(server_lane.stop_after_s, event.set).start()
+    t0 = time.perf_counter()
+    with pytest.raises(GenerationCancelledError):
+        lm.generate(server_lane.story, max_tokens=server_lane.max_tokens, ignore_eos=True, cancel_event=event)
+    assert time.perf_counter() - t0 < server_lane.stop_after_s + 1.0
+    server_lane.assert_stopped(before)
+
+
+def test_stop_during_prefill_of_a_long_prompt(lm: LLM, server_lane: ServerLane) -> None:
+    before = server_lane.mark()
+    controller = AbortController()
+    threading.Timer(server_lane.prefill_stop_after_s, controller.abort).start()
+    with pytest.raises(GenerationCancelledError) as info:
+        for _ in lm.stream(server_lane.long_prompt, max_tokens=50, signal=controller.signal):
+            pytest.fail("a token arrived: the prompt was not still being processed")
+    assert info.value.partial_text == ""
+    assert info.value.generated_tokens == 0  # stopped before its first token
+    server_lane.assert_stopped(before)
+    server_lane.after_prefill_stop(info.value)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_abort_controller_async(lm: LLM, server_lane: ServerLane, anyio_backend: str) -> None:
+    before = server_lane.mark()
+    controller = AbortController()
+    with pytest.raises(GenerationCancelledError):
+        async with lm.astream(
+            server_lane.story, max_tokens=server_lane.max_tokens, ignore_eos=True, signal=controller.signal
+        ) as stream:
+            n = 0
+            async for chunk in stream:
+                n += bool(chunk.delta)
+                if n == 5:
+                    controller.abort()
+    await anyio.to_thread.run_sync(server_lane.assert_stopped, before)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # asyncio's own task.cancel()
+async def test_asyncio_task_cancellation(lm: LLM, server_lane: ServerLane, anyio_backend: str) -> None:
+    before = server_lane.mark()
+    task = asyncio.ensure_future(lm.agenerate(server_lane.story, max_tokens=server_lane.max_tokens, ignore_eos=True))
+    await asyncio.sleep(server_lane.stop_after_s)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.to_thread(server_lane.assert_stopped, before)
+
+
+@pytest.mark.parametrize("raw", [False, True], ids=["chat", "raw"])
+def test_non_streaming_over_the_stream_equals_the_plain_answer(lm: LLM, raw: bool) -> None:
+    """A non-streaming generate rides the streaming wire by default; greedy decoding gives the
+    same content, finish_reason and usage as the plain route."""
+    kwargs: dict[str, Any] = {"max_tokens": 12, "temperature": 0, "seed": 1}
+    if raw:
+        over = lm.generate("The capital of France is", raw=True, **kwargs)
+        plain = lm.generate("The capital of France is", raw=True, plain_wire=True, **kwargs)
+    else:
+        over = lm.generate(messages=CAPITAL, **kwargs)  # type: ignore[arg-type]
+        plain = lm.generate(messages=CAPITAL, plain_wire=True, **kwargs)  # type: ignore[arg-type]
+    assert over.content == plain.content and over.content
+    assert over.finish_reason == plain.finish_reason
+    assert over.usage == plain.usage and over.usage is not None and over.usage.completion_tokens
+
+
+def test_count_tokens_matches_the_prompt_the_server_reports(lm: LLM) -> None:
+    result = lm.generate(messages=CAPITAL, max_tokens=2, temperature=0)  # type: ignore[arg-type]
+    assert result.usage is not None and lm.count_tokens(messages=CAPITAL) == result.usage.prompt_tokens  # type: ignore[arg-type]
+    raw = lm.generate("The capital of France is", raw=True, max_tokens=2, temperature=0)
+    assert raw.usage is not None and lm.count_tokens("The capital of France is") == raw.usage.prompt_tokens
