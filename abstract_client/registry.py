@@ -8,6 +8,7 @@ Built-in lanes are registered by name; third parties add theirs through the entr
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 from collections.abc import Callable
 from importlib.metadata import entry_points
@@ -47,6 +48,44 @@ _FLEET_OPTIONS = (
     "max_cooldown",
     "probe_timeout",
 )
+
+
+# HTTP client settings (httpx's names): never a request body's fields. Until the network settings
+# land, naming one is a TypeError — a proxy password or an SSL context must not reach a server.
+_CLIENT_SETTINGS = frozenset(
+    {
+        "auth",
+        "cert",
+        "cookies",
+        "event_hooks",
+        "follow_redirects",
+        "http1",
+        "http2",
+        "http_client",
+        "limits",
+        "mounts",
+        "proxies",
+        "proxy",
+        "ssl_context",
+        "transport",
+        "trust_env",
+        "verify",
+    }
+)
+
+
+def _refuse_client_settings(provider: str, options: dict[str, Any]) -> None:
+    given = sorted(_CLIENT_SETTINGS.intersection(options))
+    if given:
+        names = ", ".join(f"{n}=" for n in given)
+        raise TypeError(
+            f"create_llm({provider!r}): {names} is an HTTP client setting, not a request field; "
+            "abstract-client does not take it, and never sends it to the server"
+        )
+    try:
+        json.dumps(options, allow_nan=False)
+    except (TypeError, ValueError) as exc:  # an object or a NaN: it could only fail at the first call
+        raise TypeError(f"create_llm({provider!r}): the extra request fields must be JSON: {exc}") from None
 
 
 def register_provider(name: str, factory: Callable[..., Provider]) -> None:
@@ -123,6 +162,7 @@ def create_llm(
         fleet.image_limits = _image_limits(limits)
         return fleet
     image_limits = _image_limits(limits)  # a wrong limit fails before a provider is built
+    _refuse_client_settings(provider, options)
     instance = factory(model=model, base_url=base_url, api_key=api_key, connect_timeout=coerced.connect, **options)
     return LLM(instance, timeout=coerced, max_retries=max_retries, image_limits=image_limits)
 

@@ -121,3 +121,30 @@ def test_httpx_sees_no_credentials_in_the_url() -> None:
     url, headers = check_base_url("https://bob:p%40ss@example.test:8443/v1")
     assert url == "https://example.test:8443/v1" and httpx.URL(url).userinfo == b""
     assert headers["Authorization"].startswith("Basic ")
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"proxy": "http://bob:secret@corp.example:3128"},
+        {"verify": False},
+        {"cert": ("/tmp/client.pem", "/tmp/client.key")},
+        {"trust_env": False},
+        {"http_client": "a client object"},
+    ],
+    ids=lambda s: next(iter(s)),
+)
+def test_an_http_client_setting_never_reaches_a_request_body(setting: dict[str, object]) -> None:
+    """httpx's client settings are refused by name at create_llm (a TypeError), never sent to
+    the model server as body fields — a proxy password included."""
+    with FakeOpenAIServer() as server:
+        with pytest.raises(TypeError, match="HTTP client setting"):
+            create_llm("openai-compatible", "m", base_url=server.base_url, **setting)
+        assert server.requests("/v1/chat/completions") == []
+
+
+def test_extra_request_fields_must_be_json_at_create_llm() -> None:
+    with pytest.raises(TypeError, match="must be JSON"):
+        create_llm("openai-compatible", "m", base_url="http://127.0.0.1:9", temperature_schedule=object())
+    with pytest.raises(TypeError, match="must be JSON"):
+        create_llm("openai-compatible", "m", base_url="http://127.0.0.1:9", top_k=float("nan"))
