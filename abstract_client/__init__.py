@@ -26,6 +26,7 @@ from .errors import (
     ProviderProtocolError,
     RateLimitError,
     ServerUnavailableError,
+    TLSCertificateError,
     TransportError,
 )
 from .fleet import Fleet
@@ -101,6 +102,7 @@ __all__ = [
     "Timings",
     "ToolCall",
     "ToolCallDelta",
+    "TLSCertificateError",
     "TransportError",
     "UnloadReport",
     "Usage",

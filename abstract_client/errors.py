@@ -21,6 +21,7 @@ from message text. The categories a caller catches, and the builtin each is also
     │   └── ProviderAPIError          any other status
     ├── NetworkError                  (ConnectionError) the network failed
     │   ├── ConnectionFailedError     nothing was sent (refused, reset in the handshake); retryable
+    │   ├── TLSCertificateError       the server's certificate did not verify; never retried
     │   └── TransportError            the connection was lost during the call (not by us)
     ├── ProviderProtocolError         the server answered outside its protocol
     ├── OutputValidationError         a complete answer that does not match its schema
@@ -62,6 +63,7 @@ __all__ = [
     "ProviderProtocolError",
     "NetworkError",
     "ConnectionFailedError",
+    "TLSCertificateError",
     "TransportError",
 ]
 
@@ -246,6 +248,18 @@ class ConnectionFailedError(ServerUnavailableError, NetworkError):
 
     def __init__(self, message: str, *, retryable: bool = True, **kw: Any) -> None:
         super().__init__(message, retryable=retryable, **kw)
+
+
+class TLSCertificateError(NetworkError):
+    """The server's TLS certificate did not verify (an unknown CA, a wrong host name, an expired
+    certificate): the connection was refused by us, for the server is not known to be who it
+    says. Never retried, never failed over: a retry would meet the same certificate. ``host``
+    and ``reason`` say which and why (``verify=`` / ``SSL_CERT_FILE`` choose the CAs)."""
+
+    def __init__(self, message: str, *, host: str = "", reason: str = "", **context: Any) -> None:
+        super().__init__(message, **context)
+        self.host = host
+        self.reason = reason
 
 
 class TransportError(NetworkError):

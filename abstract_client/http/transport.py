@@ -33,6 +33,7 @@ import anyio.abc
 import httpx
 from anyio.streams.tls import TLSStream
 
+from ..errors import TLSCertificateError
 from .guard import SocketGuard, current_guard
 from .http11 import HTTPProtocolError, ResponseReader
 
@@ -172,7 +173,16 @@ class GuardedTransport(httpx.AsyncBaseTransport):
                         raise
         except TimeoutError as exc:
             raise httpx.ConnectTimeout(f"connect to {host}:{port} timed out", request=request) from exc
-        except (OSError, ssl.SSLError, anyio.BrokenResourceError) as exc:
+        except ssl.SSLCertVerificationError as exc:
+            # The server answered, but is not known to be who it says: not a connection failure
+            # (a retry, or another replica behind the same name, meets the same certificate).
+            reason = exc.verify_message or str(exc)
+            raise TLSCertificateError(
+                f"TLS: the certificate of {host}:{port} did not verify: {reason}", host=host, reason=reason
+            ) from exc
+        except (OSError, ssl.SSLError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
+            # refused, reset, or closed before or during the TLS handshake (an overloaded ingress,
+            # an SNI it does not serve): nothing was sent — a connect failure, retried
             raise httpx.ConnectError(str(exc) or type(exc).__name__, request=request) from exc
         return conn
 
