@@ -212,7 +212,14 @@ def test_http11_a_chunked_stream_read_at_once_is_one_body_piece() -> None:
         (b"HTTP/1.0 200 OK\r\nContent-Length: 3\r\n\r\nabc", False, b"abc"),
         (b"HTTP/1.0 200 OK\r\nContent-Length: 3\r\nConnection: keep-alive\r\n\r\nabc", True, b"abc"),
         (b"HTTP/1.1 200 OK\r\n\r\nuntil the close", False, b"until the close"),
-        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nraw", False, b"raw"),
+        (b"HTTP/1.1 200 OK\nContent-Length: 3\n\nabc", True, b"abc"),  # bare LF, as h11 takes it
+        (b"HTTP/1.1 200 OK\r\nX-A: 1\r\n  folded\r\nContent-Length: 3\r\n\r\nabc", True, b"abc"),
+        (b"HTTP/1.1 200\r\nContent-Length: 0\r\n\r\n", True, b""),  # no reason phrase
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\nX-T: 1\n\n",
+            True,
+            b"abc",
+        ),  # trailers ending in bare LF
         (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n", True, b""),
         (b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabcSURPLUS", False, b"abc"),
         (b"HTTP/1.1 200 OK\r\nContent-Length: 3, 3\r\n\r\nabc", True, b"abc"),
@@ -241,6 +248,10 @@ def test_http11_head_has_no_body_and_a_cut_body_is_an_error() -> None:
     "raw",
     [
         b"HTTP/2 200 OK\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nraw",  # only chunked (h11 too)
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        b"HTTP/1.1 099 Odd\r\n\r\n",
+        b"\r\nHTTP/1.1 200 OK\r\n\r\n",
         b"HTTP/1.1 2000 OK\r\n\r\n",
         b"HTTP/1.1 200 OK\r\nno colon\r\n\r\n",
         b"HTTP/1.1 200 OK\r\n folded: x\r\n\r\n",
@@ -291,3 +302,137 @@ def test_http11_fuzz_any_cuts_give_the_same_body(
     assert got == body and reader.complete
     assert reader.reusable is (framing != "close")
     assert reader.head is not None and (b"Content-Type", b"text/event-stream") in reader.head.headers
+
+
+# -- the reader against h11, httpx's parser: the same response bytes, the same answer ----------------
+
+
+def h11_reads(parts: list[bytes]) -> tuple[int, list[tuple[bytes, bytes]], bytes] | None:
+    """What h11 (as httpcore configures it) makes of a response read in ``parts``, then EOF:
+    (status, headers, body), or None when it refuses it or never completes it."""
+    import h11
+
+    conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
+    conn.send(h11.Request(method="POST", target="/", headers=[("Host", "x"), ("Content-Length", "0")]))
+    conn.send(h11.EndOfMessage())
+    status, headers, body = 0, [], b""
+    try:
+        for part in [*(p for p in parts if p), b""]:  # b"" is h11's end of the stream: last only
+            conn.receive_data(part)
+            while True:
+                event = conn.next_event()
+                if event is h11.NEED_DATA:
+                    break
+                if isinstance(event, h11.InformationalResponse):
+                    if event.status_code == 101:
+                        return None
+                    continue
+                if isinstance(event, h11.Response):
+                    status, headers = event.status_code, [(bytes(n), bytes(v)) for n, v in event.headers.raw_items()]
+                elif isinstance(event, h11.Data):
+                    body += event.data
+                elif isinstance(event, h11.EndOfMessage):
+                    return status, headers, body
+                else:  # ConnectionClosed before the message ended
+                    return None
+    except h11.RemoteProtocolError:
+        return None
+    return None
+
+
+def ours_reads(parts: list[bytes]) -> tuple[int, list[tuple[bytes, bytes]], bytes] | None:
+    try:
+        reader, body = read_response(parts)
+    except HTTPProtocolError:
+        return None
+    assert reader.head is not None and reader.complete
+    # h11 keeps one Content-Length (its single value) and lowercases Transfer-Encoding's
+    headers, length = [], False
+    for name, value in reader.head.headers:
+        lowered = name.lower()
+        if lowered == b"content-length":
+            if length:
+                continue
+            length, value = True, value.split(b",")[0].strip()
+        elif lowered == b"transfer-encoding":
+            value = value.lower()
+        headers.append((name, value))
+    return reader.head.status, headers, body
+
+
+_EOL = st.sampled_from([b"\r\n", b"\n"])
+_TEXT = st.sampled_from([b"OK", b"", b" spaced ", b"a\tb", b"ctl\x01x", b"\xffhigh", b"nul\x00x", b"cr\rx", b"x" * 40])
+
+
+@st.composite
+def responses(draw: st.DrawFn) -> bytes:
+    """A response built from the pieces servers get wrong: versions, reasons, line ends, header
+    names and values, folded lines, framing headers that agree or not, chunk extensions and
+    trailers, interim responses."""
+    version = draw(st.sampled_from([b"HTTP/1.1", b"HTTP/1.0", b"HTTP/2.0", b"HTTP/1.x", b"HTTP/11", b"http/1.1"]))
+    code = draw(st.sampled_from([b"200", b"204", b"404", b"099", b"2000", b"20x"]))
+    reason = draw(st.sampled_from([b" OK", b"", b" ", b" \tx", b" ctl\x01", b"  two"]))
+    lines = [version + b" " + code + reason]
+    for _ in range(draw(st.integers(0, 3))):
+        name = draw(st.sampled_from([b"X-A", b"Content-Type", b"bad name", b"", b"Connection", b"x:y"]))
+        lines.append(name + b":" + draw(_TEXT))
+        if draw(st.booleans()) and draw(st.booleans()):
+            lines.append(draw(st.sampled_from([b" folded", b"\tmore", b"  "])))
+    body = draw(st.binary(max_size=40))
+    framing = draw(st.sampled_from(["length", "chunked", "close", "odd-length", "odd-te"]))
+    if framing == "length":
+        lines.append(b"Content-Length: %d" % len(body))
+        if draw(st.booleans()):
+            lines.append(draw(st.sampled_from([b"Content-Length: %d" % len(body), b"content-length: 0"])))
+    elif framing == "odd-length":
+        lines.append(draw(st.sampled_from([b"Content-Length: 3, 3", b"Content-Length: -1", b"Content-Length: 1 2"])))
+    elif framing == "chunked":
+        lines.append(draw(st.sampled_from([b"Transfer-Encoding: chunked", b"Transfer-Encoding: Chunked"])))
+    elif framing == "odd-te":
+        lines.append(draw(st.sampled_from([b"Transfer-Encoding: gzip", b"Transfer-Encoding: gzip, chunked"])))
+        if draw(st.booleans()):
+            lines.append(b"Transfer-Encoding: chunked")
+    head = b"".join(line + draw(_EOL) for line in lines) + draw(_EOL)
+    if framing == "chunked":
+        ext = draw(st.sampled_from([b"", b";x=y", b" ", b";\x01"]))
+        payload = (b"%x" % len(body) + ext + b"\r\n" + body + b"\r\n") if body else b""
+        trailer = draw(st.sampled_from([b"", b"X-T: 1" + draw(_EOL), b" bad" + draw(_EOL)]))
+        payload += draw(st.sampled_from([b"0\r\n", b"0\n", b"00\r\n"])) + trailer + draw(_EOL)
+    else:
+        payload = body
+    interim = draw(st.sampled_from([b"", b"HTTP/1.1 100 Continue\r\n\r\n", b"HTTP/1.1 103 Hints\nLink: x\n\n"]))
+    return interim + head + payload
+
+
+@fuzz
+@given(responses(), st.lists(st.integers(min_value=0, max_value=400), max_size=6))
+def test_http11_reads_what_h11_reads(raw: bytes, cuts: list[int]) -> None:
+    """The same bytes, cut the same way, to this reader and to h11: the same status, headers and
+    body, or both refuse (h11 refusing includes never completing before the stream's end)."""
+    parts = cut(raw, cuts)
+    assert ours_reads(parts) == h11_reads(parts), raw
+
+
+@fuzz
+@given(st.binary(max_size=300), st.lists(st.integers(min_value=0, max_value=400), max_size=4))
+def test_http11_reads_what_h11_reads_after_a_valid_head(tail: bytes, cuts: list[int]) -> None:
+    for head in (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n",
+    ):
+        parts = cut(head + tail, cuts)
+        assert ours_reads(parts) == h11_reads(parts), head + tail
+
+
+def test_http11_the_head_limit_is_httpcores() -> None:
+    """httpcore's limit for h11 (100 KiB of a head still incomplete): a head under it is read,
+    one that has not ended past it is refused — in any cuts, by both readers alike."""
+    big = b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * (MAX_HEAD_BYTES - 100) + b"\r\nContent-Length: 0\r\n\r\n"
+    for parts in ([big], cut(big, [4096 * i for i in range(1, 30)])):
+        assert ours_reads(parts) == h11_reads(parts) and ours_reads(parts) is not None
+    endless = b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * (MAX_HEAD_BYTES + 10)
+    for parts in ([endless], cut(endless, [4096 * i for i in range(1, 30)])):
+        assert ours_reads(parts) is None and h11_reads(parts) is None
+    with pytest.raises(HTTPProtocolError, match="larger than"):
+        ResponseReader().feed(endless)  # refused as it arrives, not at the end of the stream

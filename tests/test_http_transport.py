@@ -301,3 +301,27 @@ def test_a_body_end_that_comes_after_done_is_read_and_the_connection_kept(served
     for _ in range(3):
         assert llm.generate("x", max_tokens=5).content == "tok "
     assert len(server.conns) == 1 and server.conns[0].requests == 3
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"HTTP/1.1 200 OK\nContent-Type: text/event-stream\nTransfer-Encoding: chunked\n\n",  # bare LF
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nX-Folded: a\r\n b\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n",  # an obsolete folded header line
+        b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * 70_000 + b"\r\nTransfer-Encoding: chunked\r\n\r\n",  # > 64 KiB
+    ],
+    ids=["bare-lf", "obs-fold", "big-head"],
+)
+def test_a_head_h11_reads_is_read_over_a_real_socket(served: Any, head: bytes) -> None:
+    """What httpx (h11) reads, the private transport reads — never a hang, never a refusal: a
+    bare-LF head used to wait forever for the CRLF CRLF that never comes."""
+
+    def script(conn: Conn) -> None:
+        while conn.read_request():
+            conn.sock.sendall(ANSWER.replace(HEAD, head))
+
+    _, llm = served(script)
+    t0 = time.perf_counter()
+    assert llm.generate("x", max_tokens=5).content == "tok "
+    assert time.perf_counter() - t0 < 10

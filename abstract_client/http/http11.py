@@ -10,6 +10,12 @@ What it reads: a status line and headers (1xx interim responses skipped), then t
 connection's end; none for HEAD, 204 and 304. It decides whether the connection may carry the
 next request (``reusable``). Anything malformed raises :class:`HTTPProtocolError`; it never
 raises anything else, whatever the bytes (``tests/test_decoders.py`` fuzzes it).
+
+What it accepts is what h11 (httpx's parser) accepts, no less and no more — ``tests/test_decoders.py``
+feeds the same bytes to both and wants the same status, headers and body, or both refusing:
+bare-LF line ends in the head and the trailers, obsolete line folding, any ``HTTP/d.d`` status
+line, a head up to httpcore's limit (100 KiB); chunk-size lines end in CRLF, ``Transfer-Encoding``
+is ``chunked`` or refused, ``Content-Length`` values must agree.
 """
 
 from __future__ import annotations
@@ -19,10 +25,24 @@ from dataclasses import dataclass
 
 __all__ = ["HTTPProtocolError", "ResponseHead", "ResponseReader", "MAX_HEAD_BYTES"]
 
-MAX_HEAD_BYTES = 64 * 1024  # status line + headers (and each chunk-size or trailer section)
-_HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")
-_DIGITS = re.compile(rb"[0-9]{1,18}")
-_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+# status line + headers (and each chunk-size or trailer section): httpcore's limit for h11
+MAX_HEAD_BYTES = 100 * 1024
+# h11's grammar (its _abnf.py), compiled as h11 compiles it
+_FIELD_VCHAR = rb"[^\x00\s]"
+_STATUS_LINE = re.compile(
+    rb"HTTP/(?P<version>[0-9]\.[0-9]) (?P<code>[0-9]{3})(?: (?P<reason>(?:[ \t]|" + _FIELD_VCHAR + rb")*))?"
+)
+_HEADER_FIELD = re.compile(
+    rb"(?P<name>[-!#$%&'*+.^_`|~0-9a-zA-Z]+):[ \t]*(?P<value>(?:"
+    + _FIELD_VCHAR
+    + rb"+(?:[ \t]+"
+    + _FIELD_VCHAR
+    + rb"+)*)?)[ \t]*"
+)
+_CHUNK_HEADER = re.compile(rb"(?P<size>[0-9A-Fa-f]{1,20})(?:;.*)?[ \t]*")
+_CONTENT_LENGTH = re.compile(rb"[0-9]{1,20}")
+_FOLD = re.compile(rb"[ \t]+")
+_BLANK_LINE = re.compile(rb"\n\r?\n")  # the head's end: bare LF accepted, as h11 does
 
 # states
 _HEAD, _LENGTH, _SIZE, _DATA, _DATA_END, _TRAILERS, _UNTIL_CLOSE, _DONE = range(8)
@@ -103,16 +123,14 @@ class ResponseReader:
 
     def _read_head(self, data: bytes) -> bytes | None:
         while True:
-            end = data.find(b"\r\n\r\n")
-            if end < 0:
-                if len(data) > MAX_HEAD_BYTES:
-                    raise HTTPProtocolError(f"response head larger than {MAX_HEAD_BYTES} bytes")
+            lines, rest = _extract_lines(data)
+            if lines is None:
                 self._buf = data
                 return None
-            if end > MAX_HEAD_BYTES:
-                raise HTTPProtocolError(f"response head larger than {MAX_HEAD_BYTES} bytes")
-            head = _parse_head(data[:end])
-            data = data[end + 4 :]
+            if not lines:
+                raise HTTPProtocolError("no status line: the response starts with an empty line")
+            head = _parse_head(lines)
+            data = rest
             if 100 <= head.status < 200:
                 if head.status == 101:
                     raise HTTPProtocolError("unexpected 101 Switching Protocols")
@@ -122,36 +140,37 @@ class ResponseReader:
             return data
 
     def _frame(self, head: ResponseHead) -> None:
-        # RFC 9112 section 6.3, in its order
+        # the headers as h11 validates them, then RFC 9112 section 6.3's order
         connection = b""
-        encoding: bytes | None = None
-        lengths: list[bytes] = []
+        chunked = False
+        length: bytes | None = None
         for name, value in head.headers:
             lowered = name.lower()
             if lowered == b"transfer-encoding":
-                encoding = value if encoding is None else encoding + b"," + value
+                if chunked:
+                    raise HTTPProtocolError("more than one Transfer-Encoding header")
+                if value.lower() != b"chunked":
+                    raise HTTPProtocolError(f"unsupported Transfer-Encoding: {value[:100]!r} (only chunked)")
+                chunked = True
             elif lowered == b"content-length":
-                lengths.extend(v.strip() for v in value.split(b","))
+                values = {v.strip() for v in value.split(b",")}
+                given = values.pop() if len(values) == 1 else b""
+                if not _CONTENT_LENGTH.fullmatch(given) or (length is not None and length != given):
+                    raise HTTPProtocolError(f"invalid or conflicting Content-Length: {value[:100]!r}")
+                length = given
             elif lowered == b"connection":
                 connection += b"," + value.lower()
         tokens = {t.strip() for t in connection.split(b",")}
-        if head.version == b"HTTP/1.1":
+        if head.version >= b"HTTP/1.1":
             self.keep_alive = b"close" not in tokens
         else:
             self.keep_alive = b"keep-alive" in tokens and b"close" not in tokens
         if self._method == b"HEAD" or head.status in (204, 304):
             self._finish(b"")
-        elif encoding is not None:
-            last = encoding.split(b",")[-1].strip().lower()
-            if last == b"chunked":
-                self._state = _SIZE
-            else:  # another coding last: the body runs to the close (RFC 9112 6.3, item 4)
-                self._state = _UNTIL_CLOSE
-                self.keep_alive = False
-        elif lengths:
-            if any(not _DIGITS.fullmatch(v) for v in lengths) or len(set(lengths)) != 1:
-                raise HTTPProtocolError(f"invalid Content-Length: {b','.join(lengths)[:100]!r}")
-            self._remaining = int(lengths[0])
+        elif chunked:
+            self._state = _SIZE
+        elif length is not None:
+            self._remaining = int(length)
             self._state = _LENGTH
             if self._remaining == 0:
                 self._finish(b"")
@@ -180,16 +199,16 @@ class ResponseReader:
                 if self._remaining == 0:
                     state = _DATA_END
             elif state == _SIZE:
-                eol = data.find(b"\r\n", pos)
+                eol = data.find(b"\r\n", pos)  # a chunk-size line ends in CRLF (h11 too)
                 if eol < 0:
                     if end - pos > MAX_HEAD_BYTES:
                         raise HTTPProtocolError("chunk-size line too long")
                     break
-                size = data[pos:eol].split(b";", 1)[0].strip(b" \t")
-                if not _HEX.fullmatch(size):
+                match = _CHUNK_HEADER.fullmatch(data, pos, eol)
+                if match is None:
                     raise HTTPProtocolError(f"invalid chunk size: {data[pos:eol][:40]!r}")
                 pos = eol + 2
-                self._remaining = int(size, 16)
+                self._remaining = int(match["size"], 16)
                 state = _DATA if self._remaining else _TRAILERS
             elif state == _DATA_END:
                 if end - pos < 2:
@@ -199,16 +218,13 @@ class ResponseReader:
                 pos += 2
                 state = _SIZE
             elif state == _TRAILERS:
-                eol = data.find(b"\r\n", pos)
-                if eol < 0:
-                    if end - pos > MAX_HEAD_BYTES:
-                        raise HTTPProtocolError("trailer section too long")
+                lines, rest = _extract_lines(data[pos:])
+                if lines is None:
                     break
-                if eol == pos:  # the empty line: the body's end
-                    self._state = _DONE
-                    self._finish(data[pos + 2 :])
-                    return _joined(out)
-                pos = eol + 2  # a trailer field: not used
+                _header_fields(lines)  # validated as h11 does; not used
+                self._state = _DONE
+                self._finish(rest)
+                return _joined(out)
         self._state = state
         if pos < end:
             self._buf = data[pos:]
@@ -221,16 +237,52 @@ def _joined(parts: list[bytes]) -> bytes:
     return b"".join(parts)
 
 
-def _parse_head(raw: bytes) -> ResponseHead:
-    lines = raw.split(b"\r\n")
-    version, _, rest = lines[0].partition(b" ")
-    code, _, reason = rest.partition(b" ")
-    if version not in (b"HTTP/1.1", b"HTTP/1.0") or len(code) != 3 or not code.isdigit():
-        raise HTTPProtocolError(f"not an HTTP/1.x status line: {lines[0][:100]!r}")
+def _extract_lines(data: bytes) -> tuple[list[bytes] | None, bytes]:
+    """A head or trailer section, h11's way: everything up to the first blank line (``\n\n`` or
+    ``\n\r\n``), split at ``\n`` with a trailing ``\r`` dropped; ``[]`` when it starts with
+    a blank line; None while the blank line has not come (refused past the size limit)."""
+    if data[:1] == b"\n":
+        return [], data[1:]
+    if data[:2] == b"\r\n":
+        return [], data[2:]
+    match = _BLANK_LINE.search(data)
+    if match is None:
+        # as h11 (max_incomplete_event_size): a section still incomplete past the limit is
+        # refused; one whose end came in the same read is taken whole
+        if len(data) > MAX_HEAD_BYTES:
+            raise HTTPProtocolError(f"response head larger than {MAX_HEAD_BYTES} bytes")
+        return None, data
+    end = match.end()
+    lines = [line[:-1] if line.endswith(b"\r") else line for line in data[:end].split(b"\n")]
+    return lines[:-2], data[end:]
+
+
+def _header_fields(lines: list[bytes]) -> list[tuple[bytes, bytes]]:
+    """Header lines as (name, value); an obsolete folded line (starting with SP or HTAB) joins the
+    one before it with a single space, as h11 does."""
+    unfolded: list[bytes] = []
+    for line in lines:
+        fold = _FOLD.match(line)
+        if fold is None:
+            unfolded.append(line)
+        elif not unfolded:
+            raise HTTPProtocolError(f"a continuation line before any header: {line[:100]!r}")
+        else:
+            unfolded[-1] += b" " + line[fold.end() :]
     headers: list[tuple[bytes, bytes]] = []
-    for line in lines[1:]:
-        name, sep, value = line.partition(b":")
-        if not sep or not _TOKEN.fullmatch(name):
+    for line in unfolded:
+        match = _HEADER_FIELD.fullmatch(line)
+        if match is None:
             raise HTTPProtocolError(f"malformed header line: {line[:100]!r}")
-        headers.append((name, value.strip(b" \t")))
-    return ResponseHead(int(code), reason, headers, version)
+        headers.append((match["name"], match["value"]))
+    return headers
+
+
+def _parse_head(lines: list[bytes]) -> ResponseHead:
+    status = _STATUS_LINE.fullmatch(lines[0])
+    if status is None:
+        raise HTTPProtocolError(f"not an HTTP/1.x status line: {lines[0][:100]!r}")
+    version, code = b"HTTP/" + status["version"], int(status["code"])
+    if code < 100:
+        raise HTTPProtocolError(f"status {code}: not a status code")
+    return ResponseHead(code, status["reason"] or b"", _header_fields(lines[1:]), version)
