@@ -15,7 +15,7 @@ import pytest
 from abstract_client import LLM, GenerationCancelledError, create_llm
 from abstract_client.testing.processes import LlamaServer
 
-from .helpers import launch_llama_server, needs_mlx
+from .helpers import launch_llama_server, needs_mlx, wait_until
 
 HIDDEN = 576
 CAPITAL = [
@@ -78,13 +78,19 @@ def test_llamacpp_stop_during_a_2000_text_embed(embedder: LlamaServer) -> None:
     texts = [f"Sentence number {i} about topic {i % 17}." for i in range(2000)]
     size = 16
     with create_llm("llamacpp", "smollm2", base_url=embedder.url, max_retries=0) as llm:
-        t0 = time.perf_counter()
-        first = llm.embed(texts[:size], batch_size=size)  # how long one batch takes on this machine
-        per_batch = time.perf_counter() - t0
+        first = llm.embed(texts[:size], batch_size=size)
         assert embedder.wait_idle(30)
         mark = embedder.log_text().count("processing task")
         event = threading.Event()
-        threading.Timer(per_batch * 2.5, event.set).start()  # half-way through the third batch
+
+        def into_the_third_batch() -> bool:  # batches go one after another: two came back
+            return embedder.log_text().count("processing task") - mark > 2 * size
+
+        # pressed by the server's own progress, not a timer (on a loaded machine a timer can fire
+        # before the first batch is back: a stop then rightly keeps nothing)
+        threading.Thread(
+            target=lambda: wait_until(into_the_third_batch, 120, interval=0.01) and event.set(), daemon=True
+        ).start()
         with pytest.raises(GenerationCancelledError) as info:
             llm.embed(texts, batch_size=size, cancel_event=event)
     done = info.value.partial_embeddings
@@ -112,18 +118,23 @@ def test_mlx_vectors_count_tokens_and_stop() -> None:
         # a stop during a 2,000-text embed: the finished batches come back, in order; the engine
         # embeds nothing after it sees the flag (its own count of inputs embedded)
         texts = [f"Sentence number {i}." for i in range(2000)]
-        t0 = time.perf_counter()
         first = llm.embed(texts[:8], batch_size=8)
-        per_batch = time.perf_counter() - t0
+        provider = llm.provider
+        assert isinstance(provider, MLXProvider)
         event = threading.Event()
-        threading.Timer(per_batch * 2.5, event.set).start()
+
+        def past_the_first_batch() -> bool:  # the engine is into batch 2: batch 1 came back
+            stats = provider.stats("emb")
+            return stats is not None and stats.tokens > 8
+
+        # pressed by the engine's own progress, not a timer: on a loaded machine a timer can fire
+        # before the first batch is back, and a stop then rightly keeps nothing
+        threading.Thread(target=lambda: wait_until(past_the_first_batch, 120) and event.set(), daemon=True).start()
         with pytest.raises(GenerationCancelledError) as info:
             llm.embed(texts, batch_size=8, cancel_event=event, request_id="emb")
         done = info.value.partial_embeddings
-        assert done is not None and 0 < len(done) < 2000 and len(done) % 8 == 0
+        assert done is not None and 8 <= len(done) < 2000 and len(done) % 8 == 0
         assert same_vectors(done[:8], first.vectors, 1e-5)
-        provider = llm.provider
-        assert isinstance(provider, MLXProvider)
         stats = provider.stats("emb")
         assert stats is not None
         assert provider.thread.wait_idle(30)
