@@ -191,3 +191,22 @@ class HeldFlag:
             return value
 
         monkeypatch.setattr(StopToken, "is_set", property(is_set))
+
+
+def loop_settled(llm: Any, timeout: float = 10.0) -> bool:
+    """The sync API's loop has nothing left of a call: what unwinds behind a raised stop (the
+    abandoned step, the release of the call's sources) is done. ``in_flight`` says nothing about
+    it: a sync caller's stop leaves the list the moment it raises."""
+    import asyncio
+
+    portal = llm._portal
+    if not portal.running:
+        return True
+
+    async def others() -> int:
+        return len(asyncio.all_tasks()) - 1  # every task but this one
+
+    def settled() -> bool:
+        return asyncio.run_coroutine_threadsafe(others(), portal.loop).result(timeout) == 0
+
+    return wait_until(settled, timeout, interval=0.01)

@@ -23,7 +23,7 @@ from abstract_client import (
 )
 from abstract_client.testing import FakeServer
 
-from .helpers import set_later, wait_until
+from .helpers import loop_settled, set_later
 
 TEXTS = [f"text number {i}" for i in range(10)]
 
@@ -69,7 +69,7 @@ def test_stop_between_batches_keeps_the_finished_vectors(server: FakeServer, llm
     assert len(severed) <= 1  # the batch in flight, if any, was severed (the server saw it go)
     assert len([r for r in requests if r.completed]) >= len(done) // 3
     assert not [r for r in sent_after_stop if r not in requests[-1:]], "a batch was sent after the stop"
-    assert wait_until(lambda: llm.in_flight == [])  # the loop releases right behind the raise
+    assert llm.in_flight == [] and loop_settled(llm)  # the loop releases right behind the raise
 
 
 def test_stop_inside_one_big_batch_severs_it(server: FakeServer, llm: LLM, lane: str) -> None:

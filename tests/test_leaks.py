@@ -20,7 +20,7 @@ from abstract_client import (
 from abstract_client.stopping.event_hook import listeners_on
 from abstract_client.testing import FakeOpenAIServer
 
-from .helpers import open_fds, wait_until
+from .helpers import loop_settled, open_fds, wait_until
 
 N_STOPS = 500
 
@@ -191,6 +191,6 @@ def test_every_exit_path_releases_the_stop_sources() -> None:
                 pass
         stopper.join()
         # a stopped sync caller raises at once; the loop releases the call right behind it
-        assert wait_until(lambda: llm.in_flight == []), llm.in_flight
+        assert llm.in_flight == [] and loop_settled(llm), llm.in_flight
         assert listeners_on(event) == 0
         llm.close()

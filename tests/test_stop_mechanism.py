@@ -39,7 +39,7 @@ from abstract_client.stopping.token import InflightRegistry, StopToken
 from abstract_client.testing import FakeServer
 from abstract_client.types import GenerationRequest, Timeout
 
-from .helpers import FIN_SENT, LoopHold, guard_of, tcp_state, wait_until
+from .helpers import FIN_SENT, LoopHold, guard_of, loop_settled, tcp_state, wait_until
 
 HOLD_S = 1.5  # how long the loop is held: every ordering below has this much margin
 ANSWER = "".join(f"tok{i} " for i in range(1000))  # the fake's endless answer: partial text is a prefix
@@ -106,7 +106,7 @@ def test_sync_stop_with_the_loop_held_severs_and_wakes_from_the_stopping_thread(
     assert raised_at < free_at, "the sync caller waited for the loop instead of being woken by the stop"
     assert info.value.__cause__ is None  # rule 4: woken by the stop itself, before anything failed
     assert info.value.reason == "user" and ANSWER.startswith(info.value.partial_text)
-    assert wait_until(lambda: llm.in_flight == [], 10)  # the loop closed up behind the caller
+    assert llm.in_flight == [] and loop_settled(llm)  # the loop closed up behind the caller
 
 
 @pytest.mark.anyio
@@ -363,5 +363,5 @@ def test_one_error_per_stop_on_the_sync_path(
                 pass
         else:
             llm.embed([f"t{i}" for i in range(300)], batch_size=3, cancel_event=event)
-    assert wait_until(lambda: llm.in_flight == [], 10)  # the loop has unwound behind the caller
+    assert llm.in_flight == [] and loop_settled(llm)  # the loop has unwound behind the caller
     assert built == [info.value]

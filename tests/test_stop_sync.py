@@ -19,7 +19,7 @@ from abstract_client import (
 from abstract_client.http.guard import SocketGuard
 from abstract_client.testing import FakeServer
 
-from .helpers import guard_of, set_later, wait_until
+from .helpers import guard_of, loop_settled, set_later, wait_until
 
 # Generous wall-clock bounds: this machine is shared (2 cores). Tight figures are in benchmarks/.
 PROMPT_STOP_S = 1.0
@@ -267,4 +267,4 @@ def test_a_stop_between_chunks_raises_at_the_next_one(server: FakeServer, llm: L
     with pytest.raises(GenerationCancelledError):
         next(stream)
     server.wait_for_disconnect(server.last)
-    assert wait_until(lambda: llm.in_flight == [])
+    assert llm.in_flight == [] and loop_settled(llm)
