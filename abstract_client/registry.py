@@ -141,12 +141,12 @@ def create_llm(
     factory = _factory(provider)
     coerced = Timeout.coerce(timeout)
     limits: dict[str, Any] = {k: options.pop(k) for k in ("max_image_bytes", "max_images") if k in options}
+    image_limits = _image_limits(limits)  # a wrong limit fails before a provider is built
     if getattr(factory, "in_process", False):
         # an engine in this process has no server: a server's options are a mistake, said now
         given = [name for name, value in (("base_url", base_url), ("api_key", api_key)) if value is not None]
         if given:
             raise TypeError(f"the {provider} lane runs in this process: {' and '.join(given)} do not apply to it")
-        image_limits = _image_limits(limits)
         return LLM(factory(model=model, **options), timeout=coerced, max_retries=max_retries, image_limits=image_limits)
     if isinstance(base_url, (list, tuple)):
         from .fleet import Fleet
@@ -159,9 +159,8 @@ def create_llm(
             for url in base_url
         ]
         fleet = Fleet(members, timeout=coerced, **fleet_options)
-        fleet.image_limits = _image_limits(limits)
+        fleet.image_limits = image_limits
         return fleet
-    image_limits = _image_limits(limits)  # a wrong limit fails before a provider is built
     _refuse_client_settings(provider, options)
     instance = factory(model=model, base_url=base_url, api_key=api_key, connect_timeout=coerced.connect, **options)
     return LLM(instance, timeout=coerced, max_retries=max_retries, image_limits=image_limits)
