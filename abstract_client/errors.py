@@ -22,6 +22,7 @@ from message text. The categories a caller catches, and the builtin each is also
     ├── NetworkError                  (ConnectionError) the network failed
     │   ├── ConnectionFailedError     nothing was sent (refused, reset in the handshake); retryable
     │   ├── TLSCertificateError       the server's certificate did not verify; never retried
+    │   ├── ProxyError                the proxy refused the request (407, 403); never retried
     │   └── TransportError            the connection was lost during the call (not by us)
     ├── ProviderProtocolError         the server answered outside its protocol
     ├── OutputValidationError         a complete answer that does not match its schema
@@ -64,6 +65,7 @@ __all__ = [
     "NetworkError",
     "ConnectionFailedError",
     "TLSCertificateError",
+    "ProxyError",
     "TransportError",
 ]
 
@@ -260,6 +262,18 @@ class TLSCertificateError(NetworkError):
         super().__init__(message, **context)
         self.host = host
         self.reason = reason
+
+
+class ProxyError(NetworkError):
+    """The proxy on the way refused to carry the request (``407`` wants credentials, ``403`` a
+    policy): nothing reached the server. Never retried: a retry meets the same proxy. ``proxy``
+    is its URL without credentials; ``status`` its answer. (A proxy that could not reach the
+    server — 502/503/504 to ``CONNECT`` — is a :class:`ConnectionFailedError`, retried.)"""
+
+    def __init__(self, message: str, *, proxy: str = "", status: int | None = None, **context: Any) -> None:
+        super().__init__(message, **context)
+        self.proxy = proxy
+        self.status = status
 
 
 class TransportError(NetworkError):

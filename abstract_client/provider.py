@@ -91,7 +91,7 @@ class CallContext:
     def http(self) -> httpx.AsyncClient:
         """The private ``httpx.AsyncClient`` on the current event loop, for a request that
         ``stream``/``request`` do not cover (its connections are severed by the stop too)."""
-        return self._clients().get(private=True)
+        return self._clients().get()
 
     def _timeout(self) -> dict[str, float | None]:
         # Only connect is enforced by the transport; first-token/idle/total are the contract's deadlines.

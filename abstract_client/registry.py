@@ -8,6 +8,7 @@ Built-in lanes are registered by name; third parties add theirs through the entr
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import logging
 from collections.abc import Callable
@@ -50,12 +51,12 @@ _FLEET_OPTIONS = (
 )
 
 
-# HTTP client settings (httpx's names): never a request body's fields. Until the network settings
-# land, naming one is a TypeError — a proxy password or an SSL context must not reach a server.
+# httpx's client settings this library does not take: never a request body's fields, so naming
+# one is a TypeError (a password or an SSL context must not reach a server as JSON). The ones it
+# takes — proxy=, trust_env=, verify=, cert= — are the lanes' own keyword options.
 _CLIENT_SETTINGS = frozenset(
     {
         "auth",
-        "cert",
         "cookies",
         "event_hooks",
         "follow_redirects",
@@ -65,27 +66,67 @@ _CLIENT_SETTINGS = frozenset(
         "limits",
         "mounts",
         "proxies",
-        "proxy",
         "ssl_context",
         "transport",
-        "trust_env",
-        "verify",
     }
 )
+NETWORK_SETTINGS = ("proxy", "trust_env", "verify", "cert")
+_SET_BY_CREATE_LLM = frozenset({"model", "base_url", "api_key", "connect_timeout"})
+_OWN_OPTIONS = ("timeout", "max_retries", "max_image_bytes", "max_images")
 
 
-def _refuse_client_settings(provider: str, options: dict[str, Any]) -> None:
+def _check_options(provider: str, factory: Callable[..., Provider], options: dict[str, Any]) -> None:
+    """An HTTP lane's options, checked by name before anything is built: httpx settings this
+    library does not take, and names the lane does not know, are a ``TypeError`` (a typo such as
+    ``verfy=False`` would otherwise travel to the server in the body); request body fields go in
+    ``extra_body={...}``, which must be JSON."""
     given = sorted(_CLIENT_SETTINGS.intersection(options))
     if given:
         names = ", ".join(f"{n}=" for n in given)
         raise TypeError(
-            f"create_llm({provider!r}): {names} is an HTTP client setting, not a request field; "
-            "abstract-client does not take it, and never sends it to the server"
+            f"create_llm({provider!r}): {names} is an HTTP client setting abstract-client does not take "
+            f"(it takes {', '.join(f'{n}=' for n in NETWORK_SETTINGS)}); it is never sent to the server"
         )
+    known = _option_names(factory)
+    if known is None:  # a lane that takes any keyword: what it does not name goes in its body
+        _check_json(provider, {k: v for k, v in options.items() if k not in NETWORK_SETTINGS}, "extra request fields")
+    else:
+        unknown = sorted(set(options) - known)
+        if unknown:
+            valid = sorted((known - _SET_BY_CREATE_LLM) | set(_OWN_OPTIONS))
+            raise TypeError(
+                f"create_llm({provider!r}): unknown option {', '.join(f'{n}=' for n in unknown)}; "
+                f"valid: {', '.join(f'{n}=' for n in valid)}; a request body field goes in extra_body={{...}}"
+            )
+    extra = options.get("extra_body")
+    if extra is not None:
+        if not isinstance(extra, dict) or not all(isinstance(k, str) for k in extra):
+            raise TypeError(f"create_llm({provider!r}): extra_body= must be a dict with string keys")
+        _check_json(provider, extra, "extra_body")
+
+
+def _check_json(provider: str, fields: dict[str, Any], what: str) -> None:
     try:
-        json.dumps(options, allow_nan=False)
-    except (TypeError, ValueError) as exc:  # an object or a NaN: it could only fail at the first call
-        raise TypeError(f"create_llm({provider!r}): the extra request fields must be JSON: {exc}") from None
+        json.dumps(fields, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:  # an object or a NaN: it could only fail at the first call
+        raise TypeError(f"create_llm({provider!r}): the {what} must be JSON: {exc}") from None
+
+
+def _option_names(factory: Callable[..., Provider]) -> set[str] | None:
+    """The keyword options ``factory`` takes, following ``**kw`` up its classes' ``__init__``;
+    None when it ends in ``**kw`` (it takes any name)."""
+    names: set[str] = set()
+    inits = (
+        [c.__dict__["__init__"] for c in factory.__mro__ if "__init__" in c.__dict__]
+        if isinstance(factory, type)
+        else [factory]
+    )
+    for init in inits:
+        params = inspect.signature(init).parameters.values()
+        names |= {p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name != "self"}
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            return names
+    return None
 
 
 def register_provider(name: str, factory: Callable[..., Provider]) -> None:
@@ -145,6 +186,7 @@ def create_llm(
     if getattr(factory, "in_process", False):
         # an engine in this process has no server: a server's options are a mistake, said now
         given = [name for name, value in (("base_url", base_url), ("api_key", api_key)) if value is not None]
+        given += [name for name in NETWORK_SETTINGS if name in options]
         if given:
             raise TypeError(f"the {provider} lane runs in this process: {' and '.join(given)} do not apply to it")
         return LLM(factory(model=model, **options), timeout=coerced, max_retries=max_retries, image_limits=image_limits)
@@ -161,7 +203,7 @@ def create_llm(
         fleet = Fleet(members, timeout=coerced, **fleet_options)
         fleet.image_limits = image_limits
         return fleet
-    _refuse_client_settings(provider, options)
+    _check_options(provider, factory, options)
     instance = factory(model=model, base_url=base_url, api_key=api_key, connect_timeout=coerced.connect, **options)
     return LLM(instance, timeout=coerced, max_retries=max_retries, image_limits=image_limits)
 

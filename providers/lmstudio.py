@@ -157,9 +157,7 @@ class LMStudioProvider(OpenAICompatibleProvider):
             body = decode_json_body(resp.content)
             return isinstance(body, dict) and isinstance(body.get("data"), list)
 
-        await poll_until_ready(
-            self.clients.get(private=False), "/v1/models", timeout, provider=self.name, ready=models_listed
-        )
+        await poll_until_ready(self.clients.get(), "/v1/models", timeout, provider=self.name, ready=models_listed)
 
 
 def _final(result: Any, delta: str | None) -> StreamChunk:

@@ -15,6 +15,7 @@ import httpx
 
 from abstract_client.errors import ProviderProtocolError
 from abstract_client.http.clients import HttpClients
+from abstract_client.http.network import CertTypes, NetworkSettings, VerifyTypes
 from abstract_client.http.sse import SSEDecoder
 from abstract_client.http.wire import drain, expect_stream, json_body, load_frame, poll_until_ready
 from abstract_client.provider import CallContext, Completion, EmbeddingBatch, ModelInfo, Provider
@@ -284,18 +285,23 @@ class OpenAICompatibleProvider(Provider):
         connect_timeout: float | None = 10.0,
         headers: dict[str, str] | None = None,
         complete_over_stream: bool | None = None,
-        **options: Any,
+        extra_body: dict[str, Any] | None = None,
+        proxy: str | httpx.URL | httpx.Proxy | None = None,
+        trust_env: bool = True,
+        verify: VerifyTypes = True,
+        cert: CertTypes | None = None,
     ) -> None:
         all_headers = dict(headers or {})
         if api_key:
             all_headers["Authorization"] = f"Bearer {api_key}"
+        network = NetworkSettings(proxy=proxy, trust_env=trust_env, verify=verify, cert=cert)
         super().__init__(
             model=model,
             clients=HttpClients(
-                base_url or self.default_base_url, headers=all_headers, connect_timeout=connect_timeout
+                base_url or self.default_base_url, headers=all_headers, connect_timeout=connect_timeout, network=network
             ),
         )
-        self.options = options  # extra body fields sent with every request
+        self.options = dict(extra_body or {})  # extra body fields sent with every request
         if complete_over_stream is not None:  # per instance: unknown /v1 servers default to plain
             self.complete_over_stream = complete_over_stream
 
@@ -355,11 +361,11 @@ class OpenAICompatibleProvider(Provider):
     async def get_json(self, path: str) -> Any:
         """``GET`` on the pooled client (model management and probes are not generations)."""
         assert self.clients is not None
-        return json_body(await self.clients.get(private=False).get(path))
+        return json_body(await self.clients.get().get(path))
 
     async def post_json(self, path: str, body: dict[str, Any]) -> Any:
         assert self.clients is not None
-        return json_body(await self.clients.get(private=False).post(path, json=body))
+        return json_body(await self.clients.get().post(path, json=body))
 
     async def list_models(self) -> list[ModelInfo]:
         body = await self.get_json(self.models_path)
@@ -370,4 +376,4 @@ class OpenAICompatibleProvider(Provider):
 
     async def wait_ready(self, timeout: float) -> None:
         assert self.clients is not None
-        await poll_until_ready(self.clients.get(private=False), self.ready_path, timeout, provider=self.name)
+        await poll_until_ready(self.clients.get(), self.ready_path, timeout, provider=self.name)

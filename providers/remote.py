@@ -13,10 +13,9 @@ OpenAI API (chat, raw ``/v1/completions``, embeddings), plus the gateway's extra
 from __future__ import annotations
 
 import logging
-import threading
+from typing import Any
 
-import httpx
-
+from abstract_client._sync import Portal
 from abstract_client.errors import NotSupportedError
 from abstract_client.provider import CallContext, UnloadReport
 from abstract_client.types import GenerationRequest
@@ -31,6 +30,10 @@ class RemoteProvider(VLLMProvider):
 
     name = "remote"
 
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self._cancels = Portal()  # a loop thread of its own for cancel POSTs, started on the first
+
     def call_headers(self, ctx: CallContext) -> dict[str, str] | None:
         return {"X-Request-Id": ctx.request_id}
 
@@ -41,21 +44,26 @@ class RemoteProvider(VLLMProvider):
         raise NotSupportedError("the gateway has no tokenize route", provider=self.name)
 
     def on_cancel(self, request_id: str) -> None:
-        """Called by ``LLM.cancel`` after our side was severed: tell the gateway too, from a
-        daemon thread (the stopping thread never waits on the network)."""
+        """Called by ``LLM.cancel`` after our side was severed: tell the gateway too. The stopping
+        thread never waits on the network: the POST runs on this lane's own loop thread, through
+        the lane's HTTP client (its proxy and TLS settings, and a connection kept warm from one
+        cancel to the next)."""
+        self._cancels.submit(lambda: self._post_cancel(request_id))
+
+    async def _post_cancel(self, request_id: str) -> None:
         assert self.clients is not None
-        url = f"{self.clients.base_url}/requests/{request_id}/cancel"
-        headers = dict(self.clients._headers)  # the API key, if any
+        await self.clients.prepare()  # this loop's client closes when the loop ends
+        try:
+            response = await self.clients.fetch(
+                "POST", f"/requests/{request_id}/cancel", timeout={"connect": 5.0, "read": 5.0, "write": 5.0}
+            )
+            log.debug("cancel %s: the gateway answered %d", request_id, response.status_code)
+        except Exception:
+            log.debug("cancel endpoint unreachable for %s", request_id, exc_info=True, extra={"request_id": request_id})
 
-        def post() -> None:
-            try:
-                httpx.post(url, headers=headers, timeout=5.0)
-            except httpx.HTTPError:
-                log.debug(
-                    "cancel endpoint unreachable for %s", request_id, exc_info=True, extra={"request_id": request_id}
-                )
-
-        threading.Thread(target=post, name="abstract-client-remote-cancel", daemon=True).start()
+    async def aclose(self) -> None:
+        self._cancels.shutdown(timeout=0)  # a cancel POST in flight is not waited for
+        await super().aclose()
 
     async def load_model(self) -> None:
         await self.post_json("/models/load", {"model": self.model})

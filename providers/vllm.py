@@ -116,7 +116,7 @@ class VLLMProvider(OpenAICompatibleProvider):
 
     async def wait_ready(self, timeout: float) -> None:
         assert self.clients is not None
-        await poll_until_ready(self.clients.get(private=False), f"{self.root}/health", timeout, provider=self.name)
+        await poll_until_ready(self.clients.get(), f"{self.root}/health", timeout, provider=self.name)
 
 
 def _text_chunk(obj: Any) -> StreamChunk:

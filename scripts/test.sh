@@ -21,13 +21,19 @@ if ! python3 -m pip install -q -e '.[dev,mlx,vlm,transformers,cli]' >"$log" 2>&1
   cat "$log" >&2
   exit 1
 fi
-echo ">> Chromium (Debian's package: the chat page's browser test; Playwright drives it, no browser download)"
-if ! command -v chromium >/dev/null 2>&1; then
+# Chromium: the chat page's browser test (Playwright drives it, no browser download);
+# tinyproxy and nginx: the network tests start their own, on loopback ports.
+echo ">> Debian packages: chromium, tinyproxy, nginx"
+need=()
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v tinyproxy >/dev/null 2>&1 || [[ -x /usr/bin/tinyproxy ]] || need+=(tinyproxy)
+command -v nginx >/dev/null 2>&1 || [[ -x /usr/sbin/nginx ]] || need+=(nginx-light)
+if [[ ${#need[@]} -gt 0 ]]; then
   sudo=""
   [[ "$(id -u)" -ne 0 ]] && sudo="sudo"
   export DEBIAN_FRONTEND=noninteractive
-  if ! $sudo apt-get install -y -q chromium >"$log" 2>&1 \
-    && ! { $sudo apt-get update -q >"$log" 2>&1 && $sudo apt-get install -y -q chromium >"$log" 2>&1; }; then
+  if ! $sudo apt-get install -y -q "${need[@]}" >"$log" 2>&1 \
+    && ! { $sudo apt-get update -q >"$log" 2>&1 && $sudo apt-get install -y -q "${need[@]}" >"$log" 2>&1; }; then
     cat "$log" >&2
     exit 1
   fi

@@ -11,6 +11,11 @@ import respx.mocks
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# The lanes honour the environment's proxies (trust_env, as httpx): a machine's HTTP_PROXY would
+# send every loopback test through it. The network tests set their own.
+for _name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
+    os.environ.pop(_name, None)
+    os.environ.pop(_name.upper(), None)
 
 from abstract_client import LLM, create_llm
 from abstract_client.testing import (
@@ -24,7 +29,7 @@ from abstract_client.testing import (
 class _TransportMocker(respx.mocks.AbstractRequestMocker):
     """respx at the transports: the lanes' generations go straight to their private transport
     (``abstract_client/http/transport.py``), past httpx's client and httpcore, where respx's own
-    mockers wait. The pooled clients' httpx transports are mocked the same way."""
+    mockers wait. httpx's own transports are mocked the same way (for tests that use them)."""
 
     name = "abstract-client-transports"
     targets: ClassVar[list[str]] = [

@@ -3,8 +3,11 @@ ValueError at the call site, and nothing sent (the fake server saw no connection
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -126,25 +129,57 @@ def test_httpx_sees_no_credentials_in_the_url() -> None:
 @pytest.mark.parametrize(
     "setting",
     [
-        {"proxy": "http://bob:secret@corp.example:3128"},
-        {"verify": False},
-        {"cert": ("/tmp/client.pem", "/tmp/client.key")},
-        {"trust_env": False},
         {"http_client": "a client object"},
+        {"auth": ("bob", "secret")},
+        {"transport": object()},
+        {"verfy": False},  # a typo is not a body field
+        {"top_k": 3},  # a body field, outside extra_body
+        {"extra_body": {"top_k": float("nan")}},
+        {"extra_body": {"schedule": object()}},
+        {"extra_body": "top_k=3"},
     ],
-    ids=lambda s: next(iter(s)),
+    ids=lambda s: f"{next(iter(s))}={next(iter(s.values()))!r}"[:40],
 )
-def test_an_http_client_setting_never_reaches_a_request_body(setting: dict[str, object]) -> None:
-    """httpx's client settings are refused by name at create_llm (a TypeError), never sent to
-    the model server as body fields — a proxy password included."""
+def test_an_option_the_lane_does_not_take_is_refused_at_create_llm(setting: dict[str, object]) -> None:
+    """httpx settings this library does not take, names no lane knows, and body fields that are
+    not JSON are a TypeError at create_llm, naming what is valid: nothing is sent."""
     with FakeOpenAIServer() as server:
-        with pytest.raises(TypeError, match="HTTP client setting"):
+        with pytest.raises(TypeError) as info:
             create_llm("openai-compatible", "m", base_url=server.base_url, **setting)
-        assert server.requests("/v1/chat/completions") == []
+        assert server.requests() == []
+    message = str(info.value)
+    assert "create_llm('openai-compatible')" in message
+    if next(iter(setting)) in ("http_client", "auth", "transport"):  # said for what it is
+        assert "HTTP client setting abstract-client does not take (it takes proxy=" in message
+    if "unknown option" in message:
+        assert "valid: " in message and "verify=" in message and "extra_body=" in message
 
 
-def test_extra_request_fields_must_be_json_at_create_llm() -> None:
-    with pytest.raises(TypeError, match="must be JSON"):
-        create_llm("openai-compatible", "m", base_url="http://127.0.0.1:9", temperature_schedule=object())
-    with pytest.raises(TypeError, match="must be JSON"):
-        create_llm("openai-compatible", "m", base_url="http://127.0.0.1:9", top_k=float("nan"))
+def test_no_setting_or_credential_reaches_a_request_body(tmp_path: Path) -> None:
+    """The network settings are the transport's; only ``extra_body`` joins the body."""
+    ca = tmp_path / "ca.pem"
+    trustme = pytest.importorskip("trustme")
+    trustme.CA().cert_pem.write_to_path(str(ca))
+    with FakeOpenAIServer(token_delay=0.0) as server:
+        settings: dict[str, Any] = {
+            "verify": str(ca),
+            "trust_env": False,
+            "headers": {"X-Tenant": "t1"},
+            "extra_body": {"top_k": 3},
+            "proxy": None,
+        }
+        with create_llm(
+            "openai-compatible", "fake-model", base_url=server.base_url, api_key="sk-secret", **settings
+        ) as llm:
+            llm.generate("hi", max_tokens=2)
+        record = server.requests("/v1/chat/completions")[0]
+    assert set(record.body) == {"model", "messages", "stream", "max_tokens", "top_k"}
+    assert record.body["top_k"] == 3
+    for secret in ("sk-secret", str(ca), "trust_env", "verify"):
+        assert secret not in json.dumps(record.body)
+    assert record.headers["authorization"] == "Bearer sk-secret" and record.headers["x-tenant"] == "t1"
+
+
+def test_network_settings_do_not_apply_to_an_in_process_lane() -> None:
+    with pytest.raises(TypeError, match="proxy"):
+        create_llm("gguf", "/any/model.gguf", proxy="http://corp:3128")

@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from abstract_client import GenerationCancelledError, create_llm
-from abstract_client.http.clients import PRIVATE_KEEPALIVE
+from abstract_client.http.clients import KEEPALIVE
 from abstract_client.testing import FakeOpenAIServer
 from abstract_client.testing.gateway import GatewayProcess
 
@@ -300,8 +300,8 @@ def test_200_concurrent_streams_with_random_disconnects_leak_nothing(tmp_path: P
             outcomes = asyncio.run(main())
             assert outcomes.count("left") > 50 and outcomes.count("done") > 10
             # what stays open is the pool's idle keep-alive connections (answers read to the end;
-            # at most PRIVATE_KEEPALIVE), never a generation's
-            kept = PRIVATE_KEEPALIVE
+            # at most KEEPALIVE), never a generation's
+            kept = KEEPALIVE
             assert wait_until(lambda: upstream.open_connections() <= kept, timeout=20), upstream.open_connections()
             generations = upstream.requests(CHAT)
             assert len(generations) == 201

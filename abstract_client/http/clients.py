@@ -1,11 +1,12 @@
-"""The two kinds of HTTP client an HTTP lane uses, one pair per event loop.
+"""One HTTP client per event loop for one base URL: every request an HTTP lane makes.
 
-* **pooled**: keep-alive connections, for calls nobody can stop mid-flight from another thread.
-* **private**: HTTP/1.1 connections made by :class:`~.connection.GuardedTransport`, so the
-  socket of the call using one can be severed on stop. Every generation uses these. A connection is reused
-  only after a call read its answer to the end and released it cleanly (``guard.detach``); one
-  that was stopped, failed or abandoned is severed and never comes back. HTTP/1.1 because only a
-  closed connection tells a server to stop (httpcore sends no HTTP/2 stream reset).
+Every request — generations, model management, embeddings, health probes — goes through the
+same :class:`~.transport.GuardedTransport` and so the same :class:`~.network.Network` (proxy,
+TLS settings): one HTTP stack. Its connections are HTTP/1.1 whose sockets the call using one can
+sever on stop (only a closed connection tells a server to stop: httpcore sends no HTTP/2 stream
+reset). A connection is reused only after a call read its answer to the end and released it
+cleanly (``guard.detach``); one that was stopped, failed or abandoned is severed and never comes
+back.
 
 httpx clients belong to the event loop that first used them, and the sync API runs on its own
 loop thread, so clients are kept per loop.
@@ -14,7 +15,6 @@ loop thread, so clients are kept per loop.
 from __future__ import annotations
 
 import contextlib
-import ssl
 import threading
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
@@ -25,24 +25,12 @@ import httpx
 
 from .._validate import check_base_url
 from ..stopping.loop import loop_key
+from .network import Network, NetworkSettings, resolve_network
 from .transport import GuardedTransport
 
-__all__ = ["HttpClients", "PRIVATE_KEEPALIVE", "shared_ssl_context"]
+__all__ = ["KEEPALIVE", "HttpClients"]
 
-PRIVATE_KEEPALIVE = 16  # clean private connections kept warm per loop and base URL
-_ssl_lock = threading.Lock()
-_ssl_context: ssl.SSLContext | None = None
-
-
-def shared_ssl_context() -> ssl.SSLContext:
-    """The process's default ``SSLContext`` (certifi's bundle where installed), built once on first
-    use."""
-    # Building an SSLContext costs milliseconds; one per process serves every client.
-    global _ssl_context
-    with _ssl_lock:
-        if _ssl_context is None:
-            _ssl_context = httpx.create_ssl_context()
-        return _ssl_context
+KEEPALIVE = 16  # clean connections kept warm per loop and base URL
 
 
 class HttpClients:
@@ -54,13 +42,16 @@ class HttpClients:
         *,
         headers: dict[str, str] | None = None,
         connect_timeout: float | None = 10.0,
+        network: NetworkSettings | None = None,
     ) -> None:
         url, credentials = check_base_url(base_url)  # a ValueError at create_llm, never later
         self.base_url = url.rstrip("/")
+        self.network: Network = resolve_network(self.base_url, network)  # proxy and TLS, read now
         self._headers = {**credentials, **(headers or {})}  # an explicit api_key wins
         self._timeout = httpx.Timeout(None, connect=connect_timeout)
         self._lock = threading.Lock()
         self._by_loop: weakref.WeakKeyDictionary[Any, dict[bool, httpx.AsyncClient]] = weakref.WeakKeyDictionary()
+        # (a dict per loop, for the closer below: one entry, the loop's client)
         self._private: weakref.WeakKeyDictionary[Any, GuardedTransport] = weakref.WeakKeyDictionary()
         self._urls: dict[str, httpx.URL] = {}  # parsed once per path
         self._base_headers: dict[str, str] | None = None
@@ -85,30 +76,22 @@ class HttpClients:
             self._closers[key] = closer
         await closer.__anext__()
 
-    def get(self, *, private: bool) -> httpx.AsyncClient:
+    def get(self) -> httpx.AsyncClient:
+        """This loop's client (made on first use)."""
         key = loop_key()
         with self._lock:
             clients = self._by_loop.setdefault(key, {})
-            client = clients.get(private)
+            client = clients.get(True)
             if client is None:
-                transport: httpx.AsyncBaseTransport
-                if private:
-                    transport = self._private[key] = GuardedTransport(shared_ssl_context(), max_idle=PRIVATE_KEEPALIVE)
-                else:
-                    transport = httpx.AsyncHTTPTransport(
-                        verify=shared_ssl_context(),
-                        trust_env=False,
-                        limits=httpx.Limits(max_connections=100, max_keepalive_connections=20),
-                    )
-                client = httpx.AsyncClient(
+                transport = self._private[key] = GuardedTransport(self.network, max_idle=KEEPALIVE)
+                client = clients[True] = httpx.AsyncClient(
                     base_url=self.base_url,
                     headers=self._headers,
                     timeout=self._timeout,
                     transport=transport,
-                    trust_env=False,
+                    trust_env=False,  # the environment was read once, into self.network
                     follow_redirects=False,
                 )
-                clients[private] = client
             return client
 
     def open(
@@ -153,7 +136,7 @@ class HttpClients:
         return response
 
     def _transport(self) -> GuardedTransport:
-        client = self.get(private=True)
+        client = self.get()
         if self._base_headers is None:  # httpx's defaults (User-Agent, Accept-Encoding, ...) + ours
             self._base_headers = {k.lower(): v for k, v in client.headers.items()}
         return self._private[loop_key()]

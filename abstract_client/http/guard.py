@@ -18,8 +18,15 @@ from __future__ import annotations
 
 import contextvars
 import socket
+import struct
 import threading
 import time
+
+try:
+    import fcntl
+    import termios
+except ImportError:  # not POSIX: the FIN stays behind the queue, as before
+    fcntl = termios = None  # type: ignore[assignment]
 
 from ..stopping.token import Step, StopToken
 
@@ -71,6 +78,7 @@ class SocketGuard:
                 return
             self.severed_at = time.perf_counter()
             try:
+                _reset_if_stuck(sock)
                 sock.shutdown(socket.SHUT_WR)
             except OSError:
                 pass
@@ -91,6 +99,22 @@ class SocketGuard:
             if self.severed_at is None:
                 self.severed_at = time.perf_counter()
             try:
+                _reset_if_stuck(sock)
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:  # already closed or reset by the peer: nothing left to sever
                 pass
+
+
+def _reset_if_stuck(sock: socket.socket) -> None:
+    """A FIN is queued behind the bytes not yet sent: a server that stopped reading our request
+    body (busy, or never reading it) would never see it. With bytes still queued, the close that
+    follows the sever sends a reset instead (``SO_LINGER`` 0), which is not queued behind
+    anything; a clean connection keeps its FIN."""
+    if fcntl is None or termios is None:
+        return
+    try:
+        unsent = struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+    except (OSError, ValueError):
+        return
+    if unsent > 0:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))

@@ -165,7 +165,7 @@ class ResponseReader:
             self.keep_alive = b"close" not in tokens
         else:
             self.keep_alive = b"keep-alive" in tokens and b"close" not in tokens
-        if self._method == b"HEAD" or head.status in (204, 304):
+        if self._method == b"HEAD" or head.status in (204, 304) or (self._method == b"CONNECT" and head.status < 300):
             self._finish(b"")
         elif chunked:
             self._state = _SIZE

@@ -33,9 +33,10 @@ import anyio.abc
 import httpx
 from anyio.streams.tls import TLSStream
 
-from ..errors import TLSCertificateError
+from ..errors import ProxyError, TLSCertificateError
 from .guard import SocketGuard, current_guard
 from .http11 import HTTPProtocolError, ResponseReader
+from .network import DIRECT, Network, default_ssl_context
 
 __all__ = ["GuardedTransport"]
 
@@ -44,14 +45,15 @@ _Origin = tuple[str, str, int]
 
 
 class _Connection:
-    __slots__ = ("guard", "idle_since", "origin", "sock", "stream")
+    __slots__ = ("forward", "guard", "idle_since", "origin", "sock", "stream")
 
     def __init__(self, stream: anyio.abc.ByteStream, sock: socket.socket | None, origin: _Origin) -> None:
         self.stream = stream
-        self.sock = sock
+        self.sock = sock  # the socket this process dialled: the server's, or the proxy's
         self.guard: SocketGuard | None = None
         self.origin = origin
         self.idle_since = 0.0
+        self.forward = False  # an http request through a proxy: absolute-form, with the proxy's headers
 
     def bind(self, guard: SocketGuard | None) -> None:
         """This connection now carries ``guard``'s call: its stop severs this socket, and the
@@ -87,8 +89,8 @@ class _Connection:
 class GuardedTransport(httpx.AsyncBaseTransport):
     """HTTP/1.1 over connections whose sockets the calls' guards can sever."""
 
-    def __init__(self, ssl_context: ssl.SSLContext, *, max_idle: int, idle_expiry: float = 5.0) -> None:
-        self._ssl_context = ssl_context
+    def __init__(self, network: Network = DIRECT, *, max_idle: int, idle_expiry: float = 5.0) -> None:
+        self._network = network
         self._max_idle = max_idle
         self._idle_expiry = idle_expiry
         self._idle: dict[_Origin, list[_Connection]] = {}
@@ -114,6 +116,10 @@ class GuardedTransport(httpx.AsyncBaseTransport):
             raise
         head = reader.head
         assert head is not None
+        if head.status == 407 and conn.forward:  # the proxy's answer, not the server's
+            await conn.aclose()
+            label = self._network.proxy_label
+            raise ProxyError(f"proxy {label} wants credentials: 407", proxy=label, status=407)
         return httpx.Response(
             head.status,
             headers=head.headers,
@@ -156,42 +162,65 @@ class GuardedTransport(httpx.AsyncBaseTransport):
 
     async def _connect(self, request: httpx.Request, origin: _Origin, timeout: float | None) -> _Connection:
         scheme, host, port = origin
+        network = self._network
+        proxy = network.proxy
+        where = f"{host}:{port}"  # what the errors name: the server, or the proxy on the way
+        tls_host = host
+        dial_host, dial_port = host, port
+        if proxy is not None:
+            dial_host = proxy.url.raw_host.decode("ascii")
+            dial_port = proxy.url.port or (443 if proxy.url.scheme == "https" else 80)
+            where = f"proxy {network.proxy_label}"
         guard = current_guard.get()
         try:
             with anyio.fail_after(timeout):
-                stream: anyio.abc.ByteStream = await anyio.connect_tcp(host, port)
+                stream: anyio.abc.ByteStream = await anyio.connect_tcp(dial_host, dial_port)
                 sock = stream.extra(anyio.abc.SocketAttribute.raw_socket, None)
                 conn = _Connection(stream, sock, origin)
-                conn.bind(guard)  # a stop during the handshake or the first write severs it
-                if scheme == "https":
-                    try:
-                        conn.stream = await TLSStream.wrap(
-                            stream, hostname=host, ssl_context=self._ssl_context, standard_compatible=False
-                        )
-                    except BaseException:
-                        await conn.aclose()
-                        raise
+                # A stop from here on severs this socket — the proxy's, when there is one, which
+                # takes the tunnel and the server's connection behind it down with it.
+                conn.bind(guard)
+                try:
+                    if proxy is not None and proxy.url.scheme == "https":
+                        tls_host = dial_host
+                        conn.stream = await _tls(conn.stream, dial_host, network.proxy_ssl_context)
+                    if proxy is not None and scheme == "https":
+                        where = f"{host}:{port} through proxy {network.proxy_label}"
+                        await _tunnel(conn, network, host, port, request)
+                    elif proxy is not None:
+                        conn.forward = True
+                    if scheme == "https":
+                        tls_host = host
+                        conn.stream = await _tls(conn.stream, host, network.ssl_context or default_ssl_context())
+                except BaseException:
+                    await conn.aclose()
+                    raise
         except TimeoutError as exc:
-            raise httpx.ConnectTimeout(f"connect to {host}:{port} timed out", request=request) from exc
+            raise httpx.ConnectTimeout(f"connect to {where} timed out", request=request) from exc
         except ssl.SSLCertVerificationError as exc:
             # The server answered, but is not known to be who it says: not a connection failure
             # (a retry, or another replica behind the same name, meets the same certificate).
             reason = exc.verify_message or str(exc)
             raise TLSCertificateError(
-                f"TLS: the certificate of {host}:{port} did not verify: {reason}", host=host, reason=reason
+                f"TLS: the certificate of {tls_host} did not verify: {reason}", host=tls_host, reason=reason
             ) from exc
         except (OSError, ssl.SSLError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
             # refused, reset, or closed before or during the TLS handshake (an overloaded ingress,
             # an SNI it does not serve): nothing was sent — a connect failure, retried
-            raise httpx.ConnectError(str(exc) or type(exc).__name__, request=request) from exc
+            raise httpx.ConnectError(f"{where}: {exc or type(exc).__name__}", request=request) from exc
         return conn
 
     # -- one exchange ------------------------------------------------------------------------
 
     async def _send_request(self, conn: _Connection, request: httpx.Request, timeout: float | None) -> None:
-        target = request.url.raw_path
+        headers = request.headers.raw
+        if conn.forward:  # through a proxy: the whole URL as the target, the proxy's credentials added
+            target = str(request.url).encode("ascii")
+            headers = [*self._network.proxy_headers, *headers]
+        else:
+            target = request.url.raw_path
         lines = [request.method.encode("ascii"), b" ", target, b" HTTP/1.1\r\n"]
-        for name, value in request.headers.raw:
+        for name, value in headers:
             lines += (name, b": ", value, b"\r\n")
         lines.append(b"\r\n")
         chunked = request.headers.get("transfer-encoding", "").lower() == "chunked"
@@ -290,6 +319,41 @@ async def _receive(conn: _Connection, request: httpx.Request, timeout: float | N
         raise httpx.ReadTimeout("read timed out", request=request) from exc
     except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError, ssl.SSLError) as exc:
         raise httpx.ReadError(str(exc) or type(exc).__name__, request=request) from exc
+
+
+async def _tls(stream: anyio.abc.ByteStream, host: str, context: ssl.SSLContext | None) -> anyio.abc.ByteStream:
+    return await TLSStream.wrap(stream, hostname=host, ssl_context=context, standard_compatible=False)
+
+
+async def _tunnel(conn: _Connection, network: Network, host: str, port: int, request: httpx.Request) -> None:
+    """``CONNECT host:port`` on the proxy connection; returns once the proxy says the tunnel is
+    open (any 2xx), as httpcore does. A proxy that could not reach the server (502/503/504) is a
+    connect failure, retried; any other refusal (407 credentials, 403 policy) is a
+    :class:`~abstract_client.errors.ProxyError`, not retried."""
+    target = (f"[{host}]:{port}" if ":" in host else f"{host}:{port}").encode("ascii")
+    lines = [b"CONNECT ", target, b" HTTP/1.1\r\nHost: ", target, b"\r\nAccept: */*\r\n"]
+    for name, value in network.proxy_headers:
+        lines += (name, b": ", value, b"\r\n")
+    lines.append(b"\r\n")
+    await conn.stream.send(b"".join(lines))
+    reader = ResponseReader(b"CONNECT")
+    while reader.head is None:
+        data = await conn.stream.receive(READ_SIZE)  # EndOfStream: the proxy closed, a connect failure
+        try:
+            reader.feed(data)
+        except HTTPProtocolError as exc:
+            raise httpx.ConnectError(
+                f"proxy {network.proxy_label}: not an HTTP answer to CONNECT: {exc}", request=request
+            ) from exc
+    head = reader.head
+    answer = f"{head.status} {head.reason.decode('latin-1')}".strip()
+    label = network.proxy_label
+    if head.status in (502, 503, 504):
+        raise httpx.ConnectError(f"proxy {label} could not reach {host}:{port}: {answer}", request=request)
+    if not 200 <= head.status < 300:
+        raise ProxyError(f"proxy {label} refused CONNECT {host}:{port}: {answer}", proxy=label, status=head.status)
+    if reader.surplus:  # the server speaks after our TLS hello, never before it
+        raise httpx.ConnectError(f"proxy {label} sent bytes ahead of the tunnel", request=request)
 
 
 def _deadline(timeout: float | None) -> Any:
