@@ -134,7 +134,7 @@ def main() -> None:
         finally:
             front.stop()
             proxy.stop()
-    print_table(rows)
+    print_table("Stop through the network (streaming; ms)", rows)
 
 
 if __name__ == "__main__":

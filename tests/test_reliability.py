@@ -46,7 +46,9 @@ def test_soak_1000_random_stops() -> None:
     assert report.pooled_client_ok
     assert report.after["fds"] <= report.baseline["fds"] + 2
     assert report.after["threads"] <= report.baseline["threads"]
-    assert report.after["close_wait"] == 0
+    # relative to the soak's start: a connection an earlier test in this process left idle (its
+    # server gone since) is not the soak's
+    assert report.after["close_wait"] <= report.baseline["close_wait"]
     assert report.after["established"] <= report.baseline["established"]
 
 
