@@ -11,11 +11,6 @@ import respx.mocks
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-# The lanes honour the environment's proxies (trust_env, as httpx): a machine's HTTP_PROXY would
-# send every loopback test through it. The network tests set their own.
-for _name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
-    os.environ.pop(_name, None)
-    os.environ.pop(_name.upper(), None)
 
 from abstract_client import LLM, create_llm
 from abstract_client.testing import (
@@ -24,6 +19,12 @@ from abstract_client.testing import (
     FakeOpenAIServer,
     FakeServer,
 )
+
+# The lanes honour the environment's proxies (trust_env, as httpx): a machine's HTTP_PROXY would
+# send every loopback test through it. The network tests set their own.
+for _name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
+    os.environ.pop(_name, None)
+    os.environ.pop(_name.upper(), None)
 
 
 class _TransportMocker(respx.mocks.AbstractRequestMocker):
