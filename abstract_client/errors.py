@@ -277,8 +277,12 @@ class ProxyError(NetworkError):
 
 
 class TransportError(NetworkError):
-    """The connection was dropped by the peer (not by us) during the call."""
+    """The connection was dropped by the peer (not by us) during the call. ``no_response``: before
+    a single byte of a response (a member killed with the request queued or in prefill): not
+    retried by the call (the server may have started on it), but a fleet sends it to another
+    member, for nobody saw anything of it."""
 
-    def __init__(self, message: str, *, retryable: bool = False, **context: Any) -> None:
+    def __init__(self, message: str, *, retryable: bool = False, no_response: bool = False, **context: Any) -> None:
         super().__init__(message, **context)
         self.retryable = retryable
+        self.no_response = no_response

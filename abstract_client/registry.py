@@ -48,6 +48,7 @@ _FLEET_OPTIONS = (
     "cooldown",
     "max_cooldown",
     "probe_timeout",
+    "probe_interval",
 )
 
 

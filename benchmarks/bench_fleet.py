@@ -6,7 +6,14 @@ server's own log); and failover's cost when a member is down (connection refused
 The slow replica is kept busy by a load client in its own process: two endless-ish streams at a
 time on its two slots, so a call that lands there queues behind them (seconds).
 
+``--outage``: a kill/restart scenario instead (issue #41). Three replicas, ``--callers``
+threads calling in a loop (4-token answers); after ``--phase`` seconds one replica is killed
+(``kill -9``), after another ``--phase`` restarted on its port, then ``--phase`` more. Printed:
+calls that stalled (longer than any call of the steady phase), failed calls, p50/p99 latency per
+phase, and the time from the restarted replica answering its readiness route to its first call.
+
 Usage: python benchmarks/bench_fleet.py [-n 30] [--hedge-after 0.25]
+       python benchmarks/bench_fleet.py --outage [--phase 6]
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -77,14 +85,90 @@ def row(label: str, times: list[float], members: list[str], **extra: Any) -> dic
     }
 
 
+def outage(binary: Path, model: Path, phase: float, callers: int) -> None:
+    logs = Path(tempfile.mkdtemp())
+    replicas = [LlamaServer.launch(binary, model, log_path=logs / f"r{i}.log", parallel=2, threads=1) for i in range(3)]
+    members = {
+        f"r{i}": create_llm("llamacpp", "smollm2", base_url=r.url, max_retries=0) for i, r in enumerate(replicas)
+    }
+    fleet = Fleet(members, policy="round_robin", max_attempts=3)
+    calls: list[tuple[float, float, str, str]] = []  # (start, seconds, member, error)
+    done = threading.Event()
+
+    def caller() -> None:
+        while not done.is_set():
+            t0 = time.monotonic()
+            try:
+                member, error = fleet.generate(messages=CAPITAL, max_tokens=4).member or "", ""  # type: ignore[arg-type]
+            except Exception as exc:
+                member, error = "", type(exc).__name__
+            calls.append((t0, time.monotonic() - t0, member, error))
+
+    try:
+        threads = [threading.Thread(target=caller, daemon=True) for _ in range(callers)]
+        for t in threads:
+            t.start()
+        time.sleep(phase)
+        killed_at = time.monotonic()
+        replicas[0].kill()
+        time.sleep(phase)
+        replicas[0].start(120)  # returns once its readiness route answers
+        ready_at = time.monotonic()
+        time.sleep(phase)
+        done.set()
+        for t in threads:
+            t.join(30)
+    finally:
+        fleet.close()
+        for r in replicas:
+            r.stop()
+    phases = {
+        "steady (3 replicas)": [c for c in calls if c[0] < killed_at],
+        "outage (r0 killed)": [c for c in calls if killed_at <= c[0] < ready_at],
+        "after r0's restart": [c for c in calls if c[0] >= ready_at],
+    }
+    steady_max = max((c[1] for c in phases["steady (3 replicas)"] if not c[3]), default=1.0)
+    rows = []
+    for name, part in phases.items():
+        ms = [c[1] * 1000 for c in part]
+        rows.append(
+            {
+                "phase": name,
+                "calls": len(part),
+                "failed": sum(1 for c in part if c[3]),
+                "stalled": sum(1 for c in part if c[1] > steady_max),
+                "p50 ms": pct(ms, 50),
+                "p99 ms": pct(ms, 99),
+                "max ms": max(ms, default=float("nan")),
+            }
+        )
+    print_table(f"A replica killed and restarted under {callers} callers (ms)", rows, digits=1)
+    back = [c for c in calls if c[2] == "r0" and c[0] >= ready_at]
+    first = min(back, default=None)
+    if first is None:
+        print("\nr0 served nothing after its restart")
+    else:
+        print(
+            f"\nr0 back: its first call after the restart was sent {(first[0] - ready_at) * 1000:.0f} ms after its "
+            f"readiness route answered, and answered {(first[0] + first[1] - ready_at) * 1000:.0f} ms after"
+        )
+    print(f"failed calls during the outage: {[c[3] for c in phases['outage (r0 killed)'] if c[3]]}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-n", type=int, default=30)
     parser.add_argument("--hedge-after", type=float, default=0.25)
+    parser.add_argument("--outage", action="store_true", help="the kill/restart scenario instead")
+    parser.add_argument("--phase", type=float, default=6.0, help="--outage: seconds per phase")
+    parser.add_argument("--callers", type=int, default=4, help="--outage: threads calling in a loop")
     args = parser.parse_args()
     binary, model = llama_server_binary(), smollm2_gguf()
     if binary is None or model is None:
         raise SystemExit("llama-server or the model is missing: run scripts/get_llama_server.sh, scripts/get_model.py")
+    if args.outage:
+        outage(binary, model, args.phase, args.callers)
+        return
     logs = Path(tempfile.mkdtemp())
     slow = LlamaServer.launch(binary, model, log_path=logs / "slow.log", parallel=2, threads=1)
     fast = LlamaServer.launch(binary, model, log_path=logs / "fast.log", parallel=2, threads=1)

@@ -134,6 +134,35 @@ def cancel_by_id(n: int) -> list[dict[str, Any]]:
     ]
 
 
+def remote_cancel(n: int) -> list[dict[str, Any]]:
+    """The ``remote`` lane's ``cancel(id)``: the stop severs our connection, and the gateway's
+    cancel route is told too (``POST /v1/requests/{id}/cancel``): cancel → the server received
+    that POST (its own clock; a fake gateway in this process)."""
+    from abstract_client.testing import FakeOpenAIServer
+
+    told_ms: list[float] = []
+    with FakeOpenAIServer(token_delay=0.01, default_max_tokens=100_000) as server:
+        llm = create_llm("remote", "fake-model", base_url=server.url + "/v1", max_retries=0)
+        for i in range(n):
+            stream = llm.stream("x", request_id=f"remote-{i}")
+            next(iter(stream))
+            pressed = time.perf_counter()
+            llm.cancel(stream.request_id)
+            path = f"/v1/requests/{stream.request_id}/cancel"
+            while not server.requests(path):
+                time.sleep(0.0002)
+            told_ms.append((server.requests(path)[0].received_at - pressed) * 1000)
+            stream.close()
+        llm.close()
+    return [
+        {
+            "case": "remote cancel(id) → the gateway's cancel route",
+            "p50_ms": pct(told_ms, 50),
+            "p99_ms": pct(told_ms, 99),
+        }
+    ]
+
+
 # -- chunks ---------------------------------------------------------------------------------------
 
 
@@ -232,7 +261,7 @@ def overhead(n: int) -> list[dict[str, Any]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=["waiting", "cancel_id", "chunks", "overhead"])
+    parser.add_argument("--only", choices=["waiting", "cancel_id", "remote_cancel", "chunks", "overhead"])
     parser.add_argument("-n", type=int, default=200, help="samples per latency/overhead case")
     parser.add_argument("--calls", type=int, default=1000, help="Event-driven calls in flight")
     parser.add_argument("--chunks", type=int, default=20_000)
@@ -248,6 +277,10 @@ def main() -> None:
         out["cancel_id"] = cancel_by_id(args.n)
         if not args.json:
             print_table("cancel(request_id) on a call without a stop source of its own", out["cancel_id"])
+    if args.only in (None, "remote_cancel"):
+        out["remote_cancel"] = remote_cancel(min(args.n, 50))
+        if not args.json:
+            print_table("The remote lane's cancel(request_id), told to the gateway", out["remote_cancel"])
     if args.only in (None, "chunks"):
         out["chunks"] = chunks(args.chunks, args.repeats)
         if not args.json:

@@ -138,17 +138,44 @@ class Certificates:
 
 
 class Nginx:
-    """nginx terminating TLS in front of ``upstream_port`` (a plain HTTP server), streaming
-    unbuffered both ways; with ``client_certs`` it requires a client certificate from the client
-    CA (``ssl_verify_client on``). A client that leaves makes nginx close its upstream
-    connection, so the upstream's disconnect timestamp is the evidence of a stop."""
+    """nginx in front of ``upstream_port`` (a plain HTTP server). With ``certs`` it terminates TLS
+    (and with ``client_certs`` requires a client certificate from the client CA:
+    ``ssl_verify_client on``); else it listens on plain http. ``location`` replaces the default
+    ``location / {...}`` block (streaming unbuffered both ways), with ``{upstream}`` for
+    ``127.0.0.1:PORT``. A client that leaves makes nginx close its upstream connection, so the
+    upstream's disconnect timestamp is the evidence of a stop."""
 
-    def __init__(self, workdir: Path, certs: Certificates, upstream_port: int, *, client_certs: bool = False) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        certs: Certificates | None,
+        upstream_port: int,
+        *,
+        client_certs: bool = False,
+        location: str | None = None,
+    ) -> None:
         self.port = free_port()
+        self.tls = certs is not None
         self.dir = workdir / f"nginx-{self.port}"
         for sub in ("", "tmp"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
-        verify = f"ssl_client_certificate {certs.client_ca_pem}; ssl_verify_client on;" if client_certs else ""
+        listen = f"listen 127.0.0.1:{self.port}"
+        if certs is not None:
+            listen += f" ssl; ssl_certificate {certs.server_pem}; ssl_certificate_key {certs.server_key}"
+            if client_certs:
+                listen += f"; ssl_client_certificate {certs.client_ca_pem}; ssl_verify_client on"
+        location = (
+            location
+            or """location / {
+            proxy_pass http://{upstream};
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            proxy_request_buffering off;
+            proxy_read_timeout 600s;
+        }"""
+        )
+        location = location.replace("{upstream}", f"127.0.0.1:{upstream_port}")
         tmp = self.dir / "tmp"
         conf = f"""
 master_process off;
@@ -164,18 +191,8 @@ http {{
     uwsgi_temp_path {tmp}/uwsgi;
     scgi_temp_path {tmp}/scgi;
     server {{
-        listen 127.0.0.1:{self.port} ssl;
-        ssl_certificate {certs.server_pem};
-        ssl_certificate_key {certs.server_key};
-        {verify}
-        location / {{
-            proxy_pass http://127.0.0.1:{upstream_port};
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_buffering off;
-            proxy_request_buffering off;
-            proxy_read_timeout 600s;
-        }}
+        {listen};
+        {location}
     }}
 }}
 """
@@ -191,7 +208,7 @@ http {{
 
     @property
     def url(self) -> str:
-        return f"https://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     def stop(self) -> None:
         _end(self.proc)

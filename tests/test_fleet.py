@@ -17,6 +17,7 @@ from abstract_client import (
     GenerationCancelledError,
     InvalidRequestError,
     ServerUnavailableError,
+    Timeout,
     TransportError,
     create_llm,
 )
@@ -370,3 +371,223 @@ def test_an_error_surfacing_from_a_stopped_member_is_not_its_failure() -> None:
         status = fleet.status()["members"]
         assert all(m["failed"] == 0 and m["state"] == "healthy" for m in status), status
         assert sum(m["stopped"] for m in status) == 20
+
+
+# -- under failure: the prober, backoff, failover of a request that got no response byte ----------
+
+
+class Listener:
+    """A member that is not a server: it accepts connections and, per ``mode``, ``hangs`` (reads
+    and never answers: a wedged replica, a blackholed route) or ``closes`` after reading the
+    request (a replica killed with the request queued). Counts the connections it holds at once."""
+
+    def __init__(self, mode: str) -> None:
+        import socket
+
+        self.mode = mode
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self._sock.getsockname()[1]
+        self.requests: list[str] = []
+        self.open_now = 0
+        self.most_open = 0
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn: object) -> None:
+        import socket
+
+        assert isinstance(conn, socket.socket)
+        with self._lock:
+            self.open_now += 1
+            self.most_open = max(self.most_open, self.open_now)
+        try:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                data += chunk
+            with self._lock:
+                self.requests.append(data.split(b" ", 2)[1].decode())
+            if self.mode == "half-head":
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-")
+                return
+            if self.mode == "hangs":
+                conn.settimeout(0.05)
+                while not self._closed.is_set():  # until the client leaves, or the test ends
+                    try:
+                        if conn.recv(65536) == b"":
+                            return
+                    except TimeoutError:
+                        continue
+        except OSError:
+            return
+        finally:
+            with self._lock:
+                self.open_now -= 1
+            conn.close()
+
+    def close(self) -> None:
+        self._closed.set()
+        self._sock.close()
+
+
+def test_no_caller_waits_on_a_probe_of_a_wedged_member(servers: list[FakeOpenAIServer]) -> None:
+    """A member whose readiness route hangs (5 s probe timeout): once it is down, callers go to
+    the healthy member and never wait on its probe; its probes run one at a time."""
+    wedged = Listener("hangs")
+    members = {
+        "wedged": create_llm("openai-compatible", "fake-model", base_url=wedged.base_url),
+        "ok": create_llm("openai-compatible", "fake-model", base_url=servers[0].base_url),
+    }
+    fleet = Fleet(
+        members,
+        failure_threshold=1,
+        cooldown=0.05,
+        probe_timeout=5.0,
+        probe_interval=0.05,
+        timeout=Timeout(first_token=3.0),  # a call sent to the wedged member fails in 3 s, not never
+    )
+    try:
+        fleet.members[0].health.failed()  # down (as a call that failed on it would put it)
+        assert wait_until(lambda: fleet.provider.prober.probes >= 1, 10)
+        # its cooldown has ended; its probe hangs (5 s): still unconfirmed, so not for callers
+        assert wait_until(lambda: not fleet.members[0].health.cooling(), 10)
+        took: list[float] = []
+
+        def call() -> None:
+            t0 = time.monotonic()
+            assert fleet.generate("hi", max_tokens=2).member == "ok"
+            took.append(time.monotonic() - t0)
+
+        threads = [threading.Thread(target=call) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert len(took) == 8 and max(took) < 2.5, took  # a probe holds for 5 s: nobody waited on one
+        time.sleep(0.5)  # ten probe intervals: none may start while the first still hangs (5 s)
+        assert fleet.provider.prober.probes == 1 and wedged.most_open == 1
+        assert all(r == "/v1/models" for r in wedged.requests)
+        assert fleet.status()["members"][0]["state"] != "healthy"
+    finally:
+        fleet.close()
+        wedged.close()
+
+
+def test_backoff_is_one_step_per_failed_probe_and_capped(servers: list[FakeOpenAIServer]) -> None:
+    dead = create_llm("openai-compatible", "fake-model", base_url="http://127.0.0.1:9/v1")
+    fleet = Fleet(
+        {"dead": dead, "ok": create_llm("openai-compatible", "fake-model", base_url=servers[0].base_url)},
+        failure_threshold=1,
+        cooldown=0.05,
+        max_cooldown=0.4,
+        probe_interval=0.05,
+    )
+    try:
+        fleet.members[0].health.failed()
+        assert wait_until(lambda: fleet.provider.prober.probes >= 10, 20)
+        for _ in range(8):
+            assert fleet.generate("hi", max_tokens=2).member == "ok"
+        health = fleet.members[0].health
+        probes = fleet.provider.prober.probes
+        assert health.cooldowns <= 1 + probes  # one step per failed probe, never more
+        assert health.cooldown_until - time.monotonic() <= 0.4 * 1.25  # capped (with its jitter)
+    finally:
+        fleet.close()
+
+
+def test_a_restarted_member_is_taken_back_before_its_cooldown_ends(servers: list[FakeOpenAIServer]) -> None:
+    a, b, _ = servers
+    port = a.port
+    with fleet_of([a, b], policy="round_robin", failure_threshold=1, cooldown=60.0, probe_interval=0.05) as fleet:
+        a.stop()
+        assert fleet.generate("hi", max_tokens=2).member == "m1"  # m0 refused: failed over, down for ~60 s
+        assert fleet.status()["members"][0]["state"] == "cooldown"
+        revived = FakeOpenAIServer(port=port).start()
+        try:
+            assert wait_until(lambda: fleet.status()["members"][0]["state"] == "healthy", 15)
+            assert fleet.status()["members"][0]["cooldown_left_s"] == 0
+            assert revived.requests("/v1/models") and not revived.requests(CHAT)  # probed, no generation
+            assert any(fleet.generate("hi", max_tokens=2).member == "m0" for _ in range(4))
+        finally:
+            revived.stop()
+
+
+def test_a_request_a_member_took_and_never_answered_fails_over(servers: list[FakeOpenAIServer]) -> None:
+    """A member that reads the request and closes (killed with it queued): no response byte,
+    so the call goes to the next member — never a replay after a byte (tested above)."""
+    dying = Listener("closes")
+    members = {
+        "dying": create_llm("openai-compatible", "fake-model", base_url=dying.base_url),
+        "ok": create_llm("openai-compatible", "fake-model", base_url=servers[0].base_url),
+    }
+    fleet = Fleet(members, policy="round_robin", max_attempts=2, failure_threshold=100)
+    try:
+        for _ in range(4):
+            result = fleet.generate("hi", max_tokens=2)
+            assert result.member == "ok" and result.content == "tok0 tok1 "
+        assert len(dying.requests) >= 2  # it took requests and never answered them
+        stream = fleet.stream("hi", max_tokens=2)
+        assert "".join(c.delta for c in stream) == "tok0 tok1 "
+        alone = Fleet({"dying": create_llm("openai-compatible", "fake-model", base_url=dying.base_url)})
+        with pytest.raises(TransportError) as info:
+            alone.generate("hi", max_tokens=2)
+        assert info.value.no_response and not info.value.retryable and info.value.partial_text == ""
+        alone.close()
+    finally:
+        fleet.close()
+        dying.close()
+
+
+def test_a_response_cut_inside_its_head_is_not_failed_over(servers: list[FakeOpenAIServer]) -> None:
+    """Bytes of a response came (a head cut short): never a replay on another member."""
+    cut = Listener("half-head")
+    members = {
+        "cut": create_llm("openai-compatible", "fake-model", base_url=cut.base_url),
+        "ok": create_llm("openai-compatible", "fake-model", base_url=servers[0].base_url),
+    }
+    fleet = Fleet(members, policy="round_robin", max_attempts=2, failure_threshold=100)
+    try:
+        with pytest.raises(TransportError) as info:
+            fleet.generate("hi", max_tokens=2)
+        assert info.value.member == "cut" and not info.value.no_response
+        assert chats(servers[0]) == 0
+    finally:
+        fleet.close()
+        cut.close()
+
+
+def test_a_probe_of_a_refusing_member_is_one_request() -> None:
+    """'Connection refused' is the probe's answer, not a reason to poll until probe_timeout."""
+    from abstract_client.fleet.prober import probe_once
+
+    fleet = Fleet({"dead": create_llm("openai-compatible", "fake-model", base_url="http://127.0.0.1:9/v1")})
+    try:
+        t0 = time.monotonic()
+        assert anyio.run(probe_once, fleet.members[0], 5.0) is False
+        assert time.monotonic() - t0 < 2.5  # half the probe's timeout: it did not keep polling
+        assert fleet.members[0].health.probe_due
+    finally:
+        fleet.close()
+
+
+def test_a_member_in_cooldown_gets_no_call_even_as_a_last_resort(servers: list[FakeOpenAIServer]) -> None:
+    with fleet_of(servers[:1], failure_threshold=1, cooldown=60.0) as fleet:
+        fleet.members[0].health.failed()
+        with pytest.raises(ServerUnavailableError, match="cooling down"):
+            fleet.generate("hi", max_tokens=2)
+        assert chats(servers[0]) == 0

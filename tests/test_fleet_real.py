@@ -190,3 +190,56 @@ def test_kill_9_a_replica_mid_stream(replicas: list[LlamaServer]) -> None:
     assert wait_until(lambda: fleet.generate(messages=CAPITAL, max_tokens=4).member == "r0", 60)  # type: ignore[arg-type]
     assert next(m for m in fleet.status()["members"] if m["name"] == "r0")["state"] == "healthy"
     fleet.close()
+
+
+def test_a_request_queued_on_a_killed_replica_fails_over(
+    replicas: list[LlamaServer], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A one-slot replica busy with a long stream; the fleet's next call is queued on it (the
+    server's own ``requests_deferred``), then the replica is killed: nothing of a response was
+    sent, so the call goes to the live member and is answered there — once."""
+    single = launch_llama_server(tmp_path_factory, "single-slot", threads=1, parallel=1)
+    hog = create_llm("llamacpp", "smollm2", base_url=single.url, max_retries=0)
+    progress: list[int] = []
+    hogged: list[BaseException] = []
+
+    def hog_the_slot() -> None:
+        try:
+            for n, _ in enumerate(hog.stream(messages=STORY, max_tokens=100_000, extra=ENDLESS), 1):  # type: ignore[arg-type]
+                progress.append(n)
+        except BaseException as exc:
+            hogged.append(exc)
+
+    def deferred() -> float:
+        for line in single.get_text("/metrics").splitlines():
+            if line.startswith("llamacpp:requests_deferred"):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    fleet = Fleet(
+        {
+            "single": create_llm("llamacpp", "smollm2", base_url=single.url, max_retries=0),
+            "live": create_llm("llamacpp", "smollm2", base_url=replicas[1].url, max_retries=0),
+        },
+        policy="round_robin",
+        max_attempts=2,
+    )
+    try:
+        hogger = threading.Thread(target=hog_the_slot)
+        hogger.start()
+        assert wait_until(lambda: len(progress) >= 3, 60), single.log_tail()
+        out: dict[str, Any] = {}
+        caller = threading.Thread(target=lambda: out.setdefault("r", fleet.generate(messages=CAPITAL, max_tokens=8)))  # type: ignore[arg-type]
+        caller.start()
+        assert wait_until(lambda: deferred() >= 1, 30), "the call was never queued on the busy replica"
+        single.kill()
+        caller.join(60)
+        result = out.get("r")
+        assert isinstance(result, GenerateResult) and result.member == "live", out
+        assert result.content
+        hogger.join(30)
+        assert hogged and isinstance(hogged[0], TransportError)  # the hog's own stream: mid-answer, typed
+    finally:
+        fleet.close()
+        hog.close()
+        single.stop()

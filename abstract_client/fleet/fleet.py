@@ -9,6 +9,7 @@ from ..llm import LLM
 from ..types import Timeout
 from .health import HealthPolicy
 from .member import Member
+from .prober import probe_once
 from .provider import FleetProvider
 from .routing import Policy, Router
 
@@ -32,7 +33,9 @@ class Fleet(LLM):
         weights: per member (same order, or by name) for ``"weighted"``.
         failure_threshold, failure_window, cooldown, max_cooldown: passive health (see
             :mod:`abstract_client.fleet.health`); a stop is never a failure.
-        probe_timeout: seconds for the readiness probe of a member whose cooldown ended.
+        probe_timeout: seconds for one readiness probe of a member that is down.
+        probe_interval: seconds between the background probes of a member that is down
+            (±25 % jitter); it serves again the moment one succeeds.
         timeout: the calls' deadlines, as for ``create_llm``.
     """
 
@@ -51,6 +54,7 @@ class Fleet(LLM):
         cooldown: float = 2.0,
         max_cooldown: float = 60.0,
         probe_timeout: float = 2.0,
+        probe_interval: float = 0.5,
         timeout: Timeout | float | None = None,
     ) -> None:
         health = HealthPolicy(failure_threshold, failure_window, cooldown, max_cooldown)
@@ -75,6 +79,7 @@ class Fleet(LLM):
             max_attempts=max_attempts,
             hedge_after=hedge_after,
             probe_timeout=probe_timeout,
+            probe_interval=probe_interval,
         )
         super().__init__(provider, timeout=timeout, max_retries=0)  # failover is the fleet's retry
 
@@ -103,7 +108,7 @@ class Fleet(LLM):
         member that fails it goes to cooldown; one that passes is healthy again."""
         out: dict[str, bool] = {}
         for m in self.members:
-            out[m.name] = await self.provider._probe(m)
+            out[m.name] = await probe_once(m, self.provider.probe_timeout)
         return out
 
     def probe(self) -> dict[str, bool]:
@@ -111,6 +116,7 @@ class Fleet(LLM):
         return self._portal.run(self.aprobe)
 
     def close(self) -> None:
+        self.provider.prober.close()
         super().close()
         for m in self.members:
             m.llm.close()

@@ -11,8 +11,10 @@ one span), and it runs each call's attempts on its members.
   other attempt is stopped through its own token (its socket severed, its engine's flag set).
   ``hedge_after="p90"`` hedges at the observed 90th percentile of time to first chunk (once 20
   calls are observed).
-* A member whose cooldown ended is probed on its readiness route (``wait_ready``: ``/health``,
-  ``/v1/models``; never a generation) before it serves again.
+* A member that is down is probed in the background (``fleet/prober.py``: its readiness route,
+  ``/health`` or ``/v1/models``, never a generation), and serves again the moment a probe
+  succeeds. Callers never probe and never wait on a probe: they go to the healthy members, and to
+  a down member whose cooldown ended only when none is left.
 """
 
 from __future__ import annotations
@@ -29,12 +31,13 @@ from typing import Any
 import anyio
 
 from ..contract.translate import as_typed
-from ..errors import AbstractClientError, NotSupportedError, ServerUnavailableError
+from ..errors import AbstractClientError, ServerUnavailableError
 from ..provider import CallContext, EmbeddingBatch, ModelInfo, Provider, UnloadReport
 from ..types import GenerationRequest, StreamChunk
 from .attempt import Attempt
 from .health import may_fail_over
 from .member import Member
+from .prober import Prober
 from .routing import Router, affinity_key
 
 __all__ = ["FleetProvider"]
@@ -61,6 +64,7 @@ class FleetProvider(Provider):
         max_attempts: int,
         hedge_after: float | str | None,
         probe_timeout: float,
+        probe_interval: float = 0.5,
     ) -> None:
         names = [m.name for m in members]
         if not members:
@@ -82,6 +86,11 @@ class FleetProvider(Provider):
         self.max_attempts = max_attempts
         self.hedge_after = hedge_after
         self.probe_timeout = probe_timeout
+        if not probe_interval > 0:
+            raise ValueError("probe_interval must be > 0 seconds")
+        self.prober = Prober(self.members, interval=probe_interval, timeout=probe_timeout)
+        for member in self.members:
+            member.health.on_down = self.prober.wake
         self.default_embed_batch_size = min(m.llm.provider.default_embed_batch_size for m in members)
         self._served: OrderedDict[str, str] = OrderedDict()
         self._running: dict[str, list[Attempt]] = {}
@@ -99,30 +108,14 @@ class FleetProvider(Provider):
             self._served.popitem(last=False)
 
     async def _choose(self, request: GenerationRequest, tried: set[str], key: str | None) -> Member | None:
-        """A member not tried yet and not cooling down; one whose cooldown ended is probed first."""
-        while True:
-            now = time.monotonic()
-            candidates = [m for m in self.members if m.name not in tried and not m.health.cooling(now)]
-            member = self.router.pick(candidates, key, first=not tried)
-            if member is None or not member.health.probe_due:
-                return member
-            if await self._probe(member):
-                return member
-            tried.add(member.name)  # still down: back in cooldown, try the others
-
-    async def _probe(self, member: Member) -> bool:
-        try:
-            with anyio.fail_after(self.probe_timeout):
-                await member.llm.provider.wait_ready(self.probe_timeout)
-        except NotSupportedError:
-            pass  # no readiness route: the next call is the probe
-        except Exception as exc:
-            log.info("fleet: %s still down (%s)", member.name, type(exc).__name__)
-            member.health.probe_failed()
-            return False
-        member.health.succeeded()
-        log.info("fleet: %s is back", member.name)
-        return True
+        """A member not tried yet: a healthy one; when none is left, a down one whose cooldown
+        ended (the last resort). Never a probe here: the prober brings members back."""
+        now = time.monotonic()
+        untried = [m for m in self.members if m.name not in tried]
+        candidates = [m for m in untried if m.health.routable(now)]
+        if not candidates:
+            candidates = [m for m in untried if not m.health.cooling(now)]
+        return self.router.pick(candidates, key, first=not tried)
 
     def _hedge_delay(self) -> float | None:
         if self._hedge_quantile is None:
@@ -220,17 +213,21 @@ class FleetProvider(Provider):
                     other.stop()  # its server hears it now; its task unwinds below
             tg.cancel_scope.cancel()
 
+        nobody = False
         async with anyio.create_task_group() as tg:
             if not await start(hedge=False):
-                raise ServerUnavailableError(
-                    "no fleet member is available (all cooling down)", provider=self.name, retryable=False
-                )
-            if delay is not None:
+                nobody = True  # raised below, outside the group (inside, an ExceptionGroup would wrap it)
+                tg.cancel_scope.cancel()
+            elif delay is not None:
                 await anyio.sleep(delay)
                 if not outcome and not ctx.token.is_set and any(not a.closed for a in attempts):
                     hedged = True
                     await start(hedge=True)  # counted on its member (Member.hedges_sent)
             await anyio.sleep(math.inf)  # until run() cancels the group
+        if nobody:
+            raise ServerUnavailableError(
+                "no fleet member is available (all cooling down)", provider=self.name, retryable=False
+            )
         for attempt in attempts:  # losers: stopped above; closed here (severed, judged as stopped)
             if not outcome or attempt is not outcome[0][0]:
                 await attempt.close()
@@ -345,6 +342,7 @@ class FleetProvider(Provider):
         raise last if last is not None else ServerUnavailableError("no member is ready", provider=self.name)
 
     async def aclose(self) -> None:
+        self.prober.close()
         for member in self.members:
             await member.llm.provider.aclose()
 

@@ -21,7 +21,14 @@ from starlette.types import Message
 __all__ = ["HIGH_WATER", "FrameWriter"]
 
 HIGH_WATER = 256 * 1024  # bytes gathered before the producer waits for the client
-_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+# no-transform and X-Accel-Buffering: a proxy in front must pass each frame on as it comes —
+# nginx buffers a bare proxy_pass's response (4 KiB bursts: ~22 tokens) unless told not to, and
+# a proxy that compresses or rewrites a body waits for more of it.
+_HEADERS = [
+    (b"content-type", b"text/event-stream"),
+    (b"cache-control", b"no-cache, no-transform"),
+    (b"x-accel-buffering", b"no"),
+]
 
 
 class FrameWriter:

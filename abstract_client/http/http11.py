@@ -65,7 +65,7 @@ class ResponseHead:
 class ResponseReader:
     """Feed it what the connection reads; it returns the body bytes each read completes."""
 
-    __slots__ = ("_buf", "_method", "_remaining", "_state", "complete", "head", "keep_alive", "surplus")
+    __slots__ = ("_buf", "_method", "_remaining", "_state", "complete", "head", "keep_alive", "received", "surplus")
 
     def __init__(self, method: bytes = b"POST") -> None:
         self._method = method.upper()
@@ -76,6 +76,7 @@ class ResponseReader:
         self.complete = False  # the whole response was read
         self.keep_alive = False  # the server lets the connection carry another request
         self.surplus = False  # bytes came after the response's end: the connection is not clean
+        self.received = False  # any byte of a response came (an interim 1xx included)
 
     @property
     def reusable(self) -> bool:
@@ -84,6 +85,8 @@ class ResponseReader:
 
     def feed(self, data: bytes) -> bytes:
         """Take the next bytes read; return the body bytes they complete (often ``b""``)."""
+        if data:
+            self.received = True
         if self._buf:
             data, self._buf = self._buf + data, b""
         if self._state == _HEAD:

@@ -29,6 +29,7 @@ from ..errors import (
     ServerUnavailableError,
     TransportError,
 )
+from .transport import NoResponseError
 
 __all__ = [
     "decode_json_body",
@@ -160,4 +161,6 @@ def map_transport_error(exc: httpx.HTTPError) -> AbstractClientError:
     if isinstance(exc, httpx.DecodingError):
         return ProviderProtocolError(f"undecodable body: {exc}")
     # Read/Write/RemoteProtocol errors: the request may have reached the server; not retryable.
-    return TransportError(f"connection lost: {type(exc).__name__}: {exc}".rstrip(": "))
+    # Nothing of a response came back at all: a fleet may still send it to another member.
+    no_response = isinstance(exc, NoResponseError)
+    return TransportError(f"connection lost: {type(exc).__name__}: {exc}".rstrip(": "), no_response=no_response)

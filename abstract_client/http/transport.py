@@ -38,10 +38,16 @@ from .guard import SocketGuard, current_guard
 from .http11 import HTTPProtocolError, ResponseReader
 from .network import DIRECT, Network, default_ssl_context
 
-__all__ = ["GuardedTransport"]
+__all__ = ["GuardedTransport", "NoResponseError"]
 
 READ_SIZE = 256 * 1024
 _Origin = tuple[str, str, int]
+
+
+class NoResponseError(httpx.RemoteProtocolError):
+    """The connection failed (reset, closed, or the request could not be written) before a single
+    byte of a response came: the server produced nothing anyone saw, so a fleet may send the
+    request to another member (``TransportError.no_response``)."""
 
 
 class _Connection:
@@ -107,10 +113,15 @@ class GuardedTransport(httpx.AsyncBaseTransport):
         if conn is None:
             conn = await self._connect(request, origin, timeouts.get("connect"))
         conn.bind(current_guard.get())
+        reader = ResponseReader(request.method.encode("ascii"))
         try:
             await self._send_request(conn, request, timeouts.get("write"))
-            reader = ResponseReader(request.method.encode("ascii"))
             first = await self._read_head(conn, reader, request, timeouts.get("read"))
+        except (httpx.WriteError, httpx.ReadError, httpx.RemoteProtocolError) as exc:
+            await conn.aclose()
+            if reader.received:
+                raise
+            raise NoResponseError(f"no response: {exc}", request=request) from exc
         except BaseException:
             await conn.aclose()
             raise

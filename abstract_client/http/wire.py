@@ -5,6 +5,7 @@ Shared by every HTTP provider so each of them is only field mapping.
 
 from __future__ import annotations
 
+import contextvars
 import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -138,6 +139,12 @@ def raise_if_error(obj: Any) -> None:
         raise err
 
 
+# Set by a prober (the fleet's background health check) around a lane's ``wait_ready``: one
+# request, and its answer is the verdict — a refused connection means "not ready", not "ask
+# again" (a lane's own wait_ready polls; the prober has its own interval).
+single_probe: contextvars.ContextVar[bool] = contextvars.ContextVar("abstract_client_single_probe", default=False)
+
+
 async def poll_until_ready(
     client: httpx.AsyncClient,
     path: str,
@@ -148,8 +155,10 @@ async def poll_until_ready(
     ready: Callable[[httpx.Response], bool] | None = None,
 ) -> None:
     """Poll ``GET path`` until it answers 200 (and ``ready(resp)``, when given); connection
-    refused and 503 mean "not yet". Not ready within ``timeout`` → ``ServerUnavailableError``."""
+    refused and 503 mean "not yet". Not ready within ``timeout`` → ``ServerUnavailableError``.
+    Under :data:`single_probe`, one request only."""
     last: BaseException | str = "no answer"
+    once = single_probe.get()
     with anyio.move_on_after(timeout):
         while True:
             try:
@@ -159,7 +168,11 @@ async def poll_until_ready(
                 last = f"HTTP {resp.status_code}" + ("" if resp.status_code != 200 else f": {resp.text[:200]!r}")
             except httpx.HTTPError as exc:
                 last = exc
+            if once:
+                break
             await anyio.sleep(interval)
+    if once:
+        raise ServerUnavailableError(f"{provider} not ready ({last})", provider=provider)
     raise ServerUnavailableError(f"{provider} not ready after {timeout}s (last: {last})", provider=provider)
 
 
@@ -172,5 +185,6 @@ __all__ = [
     "poll_until_ready",
     "expect_stream",
     "raise_if_error",
+    "single_probe",
     "sse_events",
 ]
