@@ -365,6 +365,8 @@ def _gateway_config(args: argparse.Namespace) -> Any:
         config.api_key = key_from_env(args.api_key_env)
     if args.admin_key_env:
         config.admin_key = key_from_env(args.admin_key_env)
+    config.allowed_hosts += args.allowed_host
+    config.allowed_origins += args.allowed_origin
     if args.max_body_mb is not None:
         config.max_body_bytes = int(args.max_body_mb * 2**20)
     if args.workers is not None:
@@ -427,6 +429,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", default=None, help="a TOML file serving several backends (see docs/gateway.md)")
     p.add_argument("--host", default=None)
     p.add_argument("--port", type=int, default=None)
+    p.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a Host name besides loopback and --host (repeatable; '*' allows any: see docs/gateway.md)",
+    )
+    p.add_argument(
+        "--allowed-origin",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a web origin, e.g. https://app.example, whose pages may call the gateway (repeatable)",
+    )
     p.add_argument("--max-concurrent", type=int, default=4, help="generations at once per backend")
     p.add_argument("--queue-timeout", type=float, default=30.0, help="seconds a request may wait: then 503")
     p.add_argument(

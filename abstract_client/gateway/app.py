@@ -29,6 +29,7 @@ from starlette.routing import Route
 
 from . import routes
 from .auth import RequestIdAndAuth
+from .browsers import BrowserPolicy
 from .config import GatewayConfig
 from .generation import embeddings_endpoint, generation_endpoint
 from .openai_wire import openai_error
@@ -75,7 +76,12 @@ def create_app(config: GatewayConfig, *, peers: Peers | None = None) -> Starlett
     app.state.gateway = gateway
     keys = [*([config.api_key] if config.api_key else []), *config.api_keys]
     return RequestIdAndAuth(  # type: ignore[return-value]
-        app, keys, admin_key=config.admin_key, max_body_bytes=config.max_body_bytes, body_timeout=config.body_timeout
+        app,
+        keys,
+        admin_key=config.admin_key,
+        max_body_bytes=config.max_body_bytes,
+        body_timeout=config.body_timeout,
+        browsers=BrowserPolicy.of(config.host, config.allowed_hosts, config.allowed_origins),
     )
 
 

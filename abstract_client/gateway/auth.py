@@ -13,6 +13,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from .asgi import send_json
 from .body import REQUEST_ID
+from .browsers import BrowserPolicy
 from .openai_wire import openai_error
 
 __all__ = ["RequestIdAndAuth"]
@@ -33,8 +34,10 @@ class RequestIdAndAuth:
         admin_key: str | None = None,
         max_body_bytes: int = 32 * 2**20,
         body_timeout: float = 30.0,
+        browsers: BrowserPolicy | None = None,
     ) -> None:
         self.app = app
+        self.browsers = browsers or BrowserPolicy.of("127.0.0.1", [], [])
         self.body_timeout = body_timeout
         self.state = app.state
         self._admin = admin_key.encode() if admin_key else None
@@ -65,12 +68,19 @@ class RequestIdAndAuth:
             return
         request_id = given or f"req-{uuid.uuid4().hex}"
         scope.setdefault("state", {})["request_id"] = request_id
-        tag = (b"x-request-id", request_id.encode())
+        tags = [(b"x-request-id", request_id.encode()), (b"x-content-type-options", b"nosniff")]
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []), tag]}
+                message = {**message, "headers": [*message.get("headers", []), *tags]}
             await send(message)
+
+        # before the key and before the body: a page on this machine is refused whatever it sends
+        refused = self.browsers.refusal(scope.get("method", "GET"), headers)
+        if refused is not None:
+            status, why, code = refused
+            await send_json(send_with_id, status, openai_error(why, "invalid_request_error", code))
+            return
 
         accepted, owner, admin = self._owner(headers.get(b"authorization", b""))
         # the chat page itself is public (it asks for the key); its calls carry the key

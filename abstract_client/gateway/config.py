@@ -76,6 +76,10 @@ class GatewayConfig:
     body_timeout: float = 30.0  # a request body not complete within this gets a 408
     workers: int = 1  # processes sharing the port (HTTP lanes only; see gateway/workers.py)
     ui: bool = False  # serve the chat page (chat.html) at "/"
+    allowed_hosts: list[str] = field(default_factory=list)  # Host names besides loopback and the bind address; "*": any
+    allowed_origins: list[str] = field(
+        default_factory=list
+    )  # web origins (besides the gateway's own page) that may call
 
     def __post_init__(self) -> None:
         if not self.backends:
@@ -103,6 +107,11 @@ class GatewayConfig:
         if not 1 <= self.workers <= 64:
             raise ConfigError(f"workers must be between 1 and 64, not {self.workers}")
         _check(self.api_keys, list, "api_keys")
+        for name in ("allowed_hosts", "allowed_origins"):
+            values = getattr(self, name)
+            _check(values, list, name)
+            for value in values:
+                _check(value, str, name)
         for name, key in [("api_key", self.api_key), ("admin_key", self.admin_key)] + [
             ("api_keys", k) for k in self.api_keys
         ]:
@@ -138,6 +147,8 @@ _SERVER_KEYS = {
     "header_timeout",
     "body_timeout",
     "ui",
+    "allowed_hosts",
+    "allowed_origins",
 }
 _BACKEND_KEYS = set(BackendConfig.__dataclass_fields__)
 

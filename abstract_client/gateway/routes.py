@@ -4,6 +4,9 @@ app's state; who may do what comes from the key the request carried (``auth.py``
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import re
 from importlib.resources import files
 from typing import Any
 
@@ -29,6 +32,29 @@ __all__ = [
 ]
 
 CHAT_PAGE = files(__package__).joinpath("chat.html").read_text(encoding="utf-8")  # --ui: served at "/"
+
+
+def _page_headers(page: str) -> dict[str, str]:
+    """The chat page runs only its own inline script and style (by hash), talks only to this
+    gateway, and no other page may frame it."""
+    hashes = {}
+    for tag in ("script", "style"):
+        body = re.search(rf"<{tag}>(.*?)</{tag}>", page, re.S)
+        assert body is not None, f"chat.html has no <{tag}>"
+        hashes[tag] = "'sha256-" + base64.b64encode(hashlib.sha256(body.group(1).encode()).digest()).decode() + "'"
+    policy = (
+        f"default-src 'none'; script-src {hashes['script']}; style-src {hashes['style']}; connect-src 'self'; "
+        "img-src 'self' data: blob:; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+    )
+    return {
+        "Cache-Control": "no-store",
+        "Content-Security-Policy": policy,
+        "X-Frame-Options": "DENY",
+        "Referrer-Policy": "no-referrer",
+    }
+
+
+PAGE_HEADERS = _page_headers(CHAT_PAGE)
 
 
 def _gateway(request: Request) -> Gateway:
@@ -92,7 +118,7 @@ async def stop_record(request: Request) -> Response:
 
 
 async def chat_page(request: Request) -> Response:
-    return HTMLResponse(CHAT_PAGE, headers={"Cache-Control": "no-store"})
+    return HTMLResponse(CHAT_PAGE, headers=PAGE_HEADERS)
 
 
 async def load_or_unload(request: Request) -> Response:
