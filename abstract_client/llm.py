@@ -120,6 +120,8 @@ class LLM:
         max_retries: int = 2,
         image_limits: ImageLimits | None = None,
     ) -> None:
+        if not isinstance(max_retries, int) or isinstance(max_retries, bool):
+            raise TypeError(f"max_retries must be an int, not {type(max_retries).__name__}")
         if max_retries < 0:
             raise ValueError("max_retries must be >= 0")
         self.provider = provider
@@ -311,6 +313,8 @@ class LLM:
         model: str | None,
     ) -> tuple[Call, list[str], int]:
         self._ensure_open()
+        if not isinstance(texts, (str, list, tuple)):  # a dict would embed its keys; None has no items
+            raise TypeError(f"embed() takes a string or a list of strings, not {type(texts).__name__}")
         inputs = [texts] if isinstance(texts, str) else list(texts)
         if not all(isinstance(t, str) for t in inputs):
             raise TypeError("embed() takes a string or a list of strings")

@@ -181,6 +181,8 @@ def create_llm(
     the fleet, the rest to every member). ``max_image_bytes`` / ``max_images`` set the call's
     :class:`~abstract_client.images.ImageLimits`."""
     factory = _factory(provider)
+    if isinstance(base_url, str) and not base_url.strip():  # it would silently become the lane's default
+        raise ValueError("base_url is empty: pass the server's URL, or leave it out for the lane's default")
     coerced = Timeout.coerce(timeout)
     limits: dict[str, Any] = {k: options.pop(k) for k in ("max_image_bytes", "max_images") if k in options}
     image_limits = _image_limits(limits)  # a wrong limit fails before a provider is built

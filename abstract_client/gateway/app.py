@@ -90,4 +90,5 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     status = int(getattr(exc, "status_code", 500))
     kind = {404: "not_found", 405: "method_not_allowed"}.get(status, "invalid_request_error")
     message = f"{request.method} {request.url.path}: " + ("no such route" if status == 404 else str(exc))
-    return JSONResponse(openai_error(message, "invalid_request_error", kind), status)
+    headers = getattr(exc, "headers", None)  # a 405's Allow
+    return JSONResponse(openai_error(message, "invalid_request_error", kind), status, headers=headers)

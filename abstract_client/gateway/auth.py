@@ -63,7 +63,7 @@ class RequestIdAndAuth:
             return
         headers = dict(scope.get("headers") or [])
         given = headers.get(b"x-request-id", b"").decode("latin-1")
-        if given and not REQUEST_ID.match(given):
+        if (given or b"x-request-id" in headers) and not REQUEST_ID.match(given):
             await send_json(send, 400, openai_error("X-Request-Id: 1-128 of [A-Za-z0-9._:-]", "invalid_request_error"))
             return
         request_id = given or f"req-{uuid.uuid4().hex}"
@@ -75,6 +75,13 @@ class RequestIdAndAuth:
                 message = {**message, "headers": [*message.get("headers", []), *tags]}
             await send(message)
 
+        if b"transfer-encoding" in headers and b"content-length" in headers:
+            # RFC 9112 section 6.3: a message with both may be a smuggling attempt; refused, and the
+            # connection closed (what follows on it cannot be trusted to be a request of its own)
+            why = "a request with both Content-Length and Transfer-Encoding is refused"
+            close = [(b"connection", b"close")]
+            await send_json(send_with_id, 400, openai_error(why, "invalid_request_error", "ambiguous_length"), close)
+            return
         # before the key and before the body: a page on this machine is refused whatever it sends
         refused = self.browsers.refusal(scope.get("method", "GET"), headers)
         if refused is not None:

@@ -3,6 +3,7 @@ TOML), routed by the request's ``model`` name."""
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -56,7 +57,7 @@ class BackendConfig:
         _check(self.options, dict, f"{where}: options")
         _check(self.max_concurrent, int, f"{where}: max_concurrent")
         _check(self.queue_timeout, (int, float), f"{where}: queue_timeout")
-        if self.max_concurrent < 1 or self.queue_timeout < 0:
+        if self.max_concurrent < 1 or not math.isfinite(self.queue_timeout) or self.queue_timeout < 0:
             raise ConfigError(f"{where}: max_concurrent must be >= 1 and queue_timeout >= 0")
 
 
@@ -118,6 +119,8 @@ class GatewayConfig:
             if key is None:
                 continue
             _check(key, str, name)
+            if key != key.strip():
+                raise ConfigError(f"{name} has leading or trailing whitespace, which no client would send")
             if not key.strip():
                 raise ConfigError(f"{name} has an empty key: refusing to serve with a key nobody can send")
 
@@ -128,7 +131,9 @@ def key_from_env(name: str) -> str:
     value = os.environ.get(name, "")
     if not value.strip():
         raise ConfigError(f"the API key variable {name} is unset or empty: refusing to serve without auth")
-    return value
+    # A key read from a file into a variable often ends in a newline no client sends: the key is
+    # what is between (the start-up check already judged it so, and the compare must agree).
+    return value.strip()
 
 
 _SERVER_KEYS = {

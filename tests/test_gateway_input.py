@@ -1,0 +1,83 @@
+"""Careless and hostile inputs from #40 that used to pass or reach a 5xx: each a typed refusal
+now (a 4xx with an OpenAI body and nothing sent upstream, a one-line ConfigError at start-up, or
+a TypeError/ValueError at the library's call)."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import httpx
+import pytest
+
+from abstract_client import create_llm
+from abstract_client.gateway import BackendConfig, ConfigError, GatewayConfig
+from abstract_client.gateway.config import key_from_env
+from abstract_client.testing import FakeOpenAIServer
+from abstract_client.testing.gateway import InProcessGateway
+
+BODY = json.dumps({"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+
+
+@pytest.fixture
+def upstream() -> FakeOpenAIServer:
+    with FakeOpenAIServer(token_delay=0.0) as server:
+        yield server  # type: ignore[misc]
+
+
+def gateway_of(upstream: FakeOpenAIServer) -> InProcessGateway:
+    backend = BackendConfig(name="fake-model", provider="vllm", model="fake-model", base_url=upstream.base_url)
+    return InProcessGateway(GatewayConfig(backends=[backend]))
+
+
+def test_content_length_with_transfer_encoding_is_refused_and_the_connection_closed(upstream: FakeOpenAIServer) -> None:
+    """A smuggled second request behind an ambiguous first one gets no answer of its own."""
+    with gateway_of(upstream) as gw, socket.create_connection(("127.0.0.1", gw.port), timeout=10) as sock:
+        smuggled = (
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(BODY)}\r\n\r\n{BODY}"
+        )
+        first = (
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+        )
+        sock.sendall((first + smuggled).encode())
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
+    assert answer.count(b"HTTP/1.1 ") == 1 and b"ambiguous_length" in answer
+    assert upstream.requests() == []
+
+
+def test_an_empty_request_id_and_a_wrong_method_are_clear_4xx(upstream: FakeOpenAIServer) -> None:
+    with gateway_of(upstream) as gw, httpx.Client(base_url=gw.url) as client:
+        empty = client.post(
+            "/v1/chat/completions", content=BODY, headers={"X-Request-Id": "", "Content-Type": "application/json"}
+        )
+        assert empty.status_code == 400 and "X-Request-Id" in empty.json()["error"]["message"]
+        wrong = client.get("/v1/chat/completions")
+        assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
+    assert upstream.requests() == []
+
+
+def test_start_up_settings_that_cannot_work_are_one_line_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigError, match="queue_timeout"):
+        BackendConfig(name="b", provider="vllm", queue_timeout=float("nan"))
+    monkeypatch.setenv("GW_KEY", "s3cret\n")  # as `export GW_KEY="$(cat key.txt)"` leaves it
+    assert key_from_env("GW_KEY") == "s3cret"
+    backend = BackendConfig(name="b", provider="vllm")
+    with pytest.raises(ConfigError, match="whitespace"):
+        GatewayConfig(backends=[backend], api_key="s3cret\n")
+
+
+def test_library_arguments_of_the_wrong_kind_fail_at_the_call(upstream: FakeOpenAIServer) -> None:
+    with pytest.raises(TypeError, match="max_retries"):
+        create_llm("openai-compatible", "m", base_url=upstream.base_url, max_retries="2")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="base_url is empty"):
+        create_llm("openai-compatible", "m", base_url="")
+    with create_llm("openai-compatible", "fake-model", base_url=upstream.base_url) as llm:
+        for bad in ({"a": 1}, None, 5):
+            with pytest.raises(TypeError, match="embed"):
+                llm.embed(bad)  # type: ignore[arg-type]
+    assert upstream.requests() == []
