@@ -4,8 +4,10 @@ a TypeError/ValueError at the library's call)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
+from pathlib import Path
 
 import httpx
 import pytest
@@ -81,3 +83,75 @@ def test_library_arguments_of_the_wrong_kind_fail_at_the_call(upstream: FakeOpen
             with pytest.raises(TypeError, match="embed"):
                 llm.embed(bad)  # type: ignore[arg-type]
     assert upstream.requests() == []
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-32", "utf-32-be"])
+def test_a_body_in_another_encoding_is_refused_not_parsed(encoding: str, upstream: FakeOpenAIServer) -> None:
+    """UTF-16/32 hid a 900-deep field from the depth check (a 500 and a RecursionError): the check
+    reads bytes, and "\u2200" is a quote byte (0x22) and a NUL in UTF-16, so the brackets after it
+    looked to be inside a string."""
+    deep = "[" * 900 + "]" * 900
+    text = '{"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "a": "\u2200", "x": ' + deep + "}"
+    with gateway_of(upstream) as gw, httpx.Client(base_url=gw.url) as client:
+        answer = client.post(
+            "/v1/chat/completions", content=text.encode(encoding), headers={"Content-Type": "application/json"}
+        )
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["type"] == "invalid_request_error"
+    assert upstream.requests() == []
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--config", "{toml}"],
+        ["-p", "vllm", "-u", "ftp://x"],
+        ["-p", "vllm", "-u", "http://127.0.0.1:9", "-o", "timeout=nope"],
+        ["-p", "vllm", "-u", "http://127.0.0.1:9", "-o", "verfy=false"],
+    ],
+    ids=["provider", "base_url", "timeout", "unknown-option"],
+)
+def test_a_backend_that_cannot_be_made_is_one_line_and_exit_2(args: list[str], tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    toml = tmp_path / "gateway.toml"
+    toml.write_text('[[backend]]\nname = "b"\nprovider = "nope"\n')  # an unknown lane
+    args = [a.replace("{toml}", str(toml)) for a in args]
+
+    done = subprocess.run(
+        [sys.executable, "-m", "abstract_client", "serve", *args, "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: backend"), done.stderr
+
+
+def test_workers_die_with_their_parent_even_by_sigkill(upstream: FakeOpenAIServer, tmp_path: Path) -> None:
+    """``kill -9`` of the ``--workers 2`` parent used to leave both workers serving the port."""
+    import os
+    import signal
+
+    import psutil
+
+    from abstract_client.testing.gateway import GatewayProcess
+
+    from .helpers import wait_until
+
+    args = ["-p", "vllm", "-u", upstream.base_url, "-m", "fake-model", "--workers", "2"]
+    gw = GatewayProcess.launch(args, log_path=tmp_path / "gateway.log")
+    workers: list[psutil.Process] = []
+    try:
+        parent = psutil.Process(gw.pid)
+        assert wait_until(lambda: len(parent.children()) == 2, 30)
+        workers = parent.children()
+        os.kill(gw.pid, signal.SIGKILL)
+        assert wait_until(lambda: not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers), 30)
+    finally:
+        gw.stop()
+        for worker in workers:  # (orphans, if the test failed: never left behind)
+            with contextlib.suppress(psutil.Error):
+                worker.kill()

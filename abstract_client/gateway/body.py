@@ -26,10 +26,17 @@ MAX_JSON_DEPTH = 64  # arrays and objects nested deeper are refused before parsi
 
 async def read_json(request: Request) -> Any:
     raw = await request.body()
+    # JSON between systems is UTF-8 (RFC 8259 section 8.1). json.loads(bytes) would also take
+    # UTF-16 and UTF-32, whose nesting the depth check (reading bytes) cannot see: the text is
+    # decoded as UTF-8 first, and exactly that text is checked and parsed.
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadRequest(f"the body must be UTF-8 JSON (RFC 8259): {exc.reason} at byte {exc.start}") from None
     if json_depth(raw) > MAX_JSON_DEPTH:
         raise BadRequest(f"the body nests JSON deeper than {MAX_JSON_DEPTH} levels")
     try:
-        return json.loads(raw)
+        return json.loads(text)
     except ValueError as exc:
         raise BadRequest(f"the body is not JSON: {exc}") from None
 

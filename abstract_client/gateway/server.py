@@ -11,7 +11,7 @@ from ..registry import runs_in_process
 from .app import create_app
 from .config import ConfigError, GatewayConfig
 from .protocol import protocol_class
-from .state import Gateway
+from .state import Backend, Gateway
 from .workers import Peers, run_workers
 
 __all__ = ["serve", "uvicorn_config"]
@@ -32,6 +32,8 @@ def serve(config: GatewayConfig) -> None:
     in_process = [b.name for b in config.backends if runs_in_process(b.provider)]
     if in_process:
         raise ConfigError(f"workers > 1 serves HTTP lanes only; in-process backend(s): {in_process}")
+    for backend in config.backends:  # a wrong backend is said here, once, not by every worker
+        Backend(backend).llm.close()
     # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say TCP (with
     # Nagle on, every small answer waits ~40 ms for a delayed ACK)
     bound = socket.socket(_family(config.host), socket.SOCK_STREAM, socket.IPPROTO_TCP)

@@ -18,7 +18,7 @@ from ..errors import GenerationCancelledError
 from ..llm import LLM
 from ..registry import create_llm
 from ..stopping.abort import AbortController
-from .config import BackendConfig, GatewayConfig
+from .config import BackendConfig, ConfigError, GatewayConfig
 from .metrics import Metrics
 from .workers import Peers
 
@@ -34,7 +34,10 @@ class Backend:
         self.cfg = cfg
         # the upstream model: the configured one, else the name clients use (an MLX model is a path)
         model = cfg.model or (None if cfg.provider == "mlx" else cfg.name)
-        self.llm: LLM = create_llm(cfg.provider, model, base_url=cfg.base_url, max_retries=0, **cfg.options)
+        try:
+            self.llm: LLM = create_llm(cfg.provider, model, base_url=cfg.base_url, max_retries=0, **cfg.options)
+        except (ValueError, TypeError) as err:  # an unknown provider, a bad URL or option: one line at start-up
+            raise ConfigError(f"backend {cfg.name!r}: {err}") from None
         # a client's image is data or a URL, never a path: it must not make us read our own files
         self.llm.image_limits = dataclasses.replace(self.llm.image_limits, local_files=False)
         self.slots = anyio.Semaphore(cfg.max_concurrent)

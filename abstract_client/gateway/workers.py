@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
 import logging
 import os
 import shutil
@@ -23,6 +25,8 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -101,17 +105,42 @@ def _handle(gateway: Any, words: list[str]) -> bool:
     return False
 
 
+def _die_with(parent: int) -> None:
+    """A worker ends with its parent, even a parent killed with SIGKILL (which forwards nothing):
+    orphans would go on serving the port. Linux: the kernel sends SIGTERM (the graceful stop)
+    when the parent dies; elsewhere a thread watches the parent."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl")
+    except (OSError, AttributeError):
+
+        def watch() -> None:
+            while os.getppid() == parent:
+                time.sleep(0.5)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        threading.Thread(target=watch, name="abstract-client-parent-watch", daemon=True).start()
+    if os.getppid() != parent:  # it died before the request took: nobody will send the signal
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
 def run_workers(count: int, bound: socket.socket, run_one: Callable[[Peers], None]) -> None:
     """Fork ``count`` workers sharing ``bound`` (listening); each runs ``run_one(peers)``. The
     parent forwards SIGINT/SIGTERM to them and returns once all have exited."""
     run_dir = Path(tempfile.mkdtemp(prefix="abstract-client-gateway-"))
     children: list[int] = []
+    parent = os.getpid()
     try:
         for index in range(count):
             pid = os.fork()
             if pid == 0:  # the worker
                 code = 0
                 try:
+                    _die_with(parent)
                     run_one(Peers(run_dir, index, count))
                 except BaseException:
                     log.exception("worker %d failed", index)
