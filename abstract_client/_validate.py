@@ -8,6 +8,7 @@ passed upstream unchecked (the gateway maps these errors to a 400 with an OpenAI
 from __future__ import annotations
 
 import base64
+import json
 import math
 import re
 from collections.abc import Mapping
@@ -24,6 +25,7 @@ __all__ = [
     "check_messages",
     "check_request_id",
     "check_text",
+    "check_wire_json",
 ]
 
 _ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -58,6 +60,8 @@ def check_messages(messages: object) -> None:
             for j, part in enumerate(content):
                 if not isinstance(part, Mapping) or not isinstance(part.get("type"), str):
                     raise TypeError(f"messages[{i}]['content'][{j}] must be a content part dict with a 'type'")
+                if part["type"] == "text" and not isinstance(part.get("text"), str):
+                    raise TypeError(f"messages[{i}]['content'][{j}]['text'] must be a string")
                 if isinstance(part.get("text"), str):
                     check_text(part["text"], f"messages[{i}]['content'][{j}]['text']")
         elif content is not None:
@@ -92,8 +96,13 @@ def check_generation(options: Mapping[str, Any]) -> None:
         if not isinstance(options["model"], str):
             raise TypeError(f"model must be a string, not {type(options['model']).__name__}")
         check_text(options["model"], "model")
-    if options.get("seed") is not None:
-        _integer(options["seed"], "seed")
+    if options.get("seed") is not None and not -(2**63) <= _integer(options["seed"], "seed") < 2**64:
+        raise ValueError("seed must fit in 64 bits")  # a 4,000-digit seed went upstream
+    min_tokens = options.get("min_tokens")
+    if min_tokens is not None and not 0 <= _integer(min_tokens, "min_tokens") <= MAX_TOKENS_LIMIT:
+        raise ValueError(f"min_tokens must be between 0 and {MAX_TOKENS_LIMIT}")
+    if options.get("ignore_eos") is not None and not isinstance(options["ignore_eos"], bool):
+        raise TypeError(f"ignore_eos must be true or false, not {type(options['ignore_eos']).__name__}")
     for key in ("top_p", "min_p"):
         if key in options and options[key] is not None and not 0 <= _number(options[key], key) <= 1:
             raise ValueError(f"{key} must be between 0 and 1")
@@ -115,6 +124,29 @@ def check_generation(options: Mapping[str, Any]) -> None:
             raise TypeError("stop must be a string or a list of strings")
         for s in stops:
             check_text(s, "stop")
+
+
+def check_wire_json(fields: Mapping[str, Any]) -> None:
+    """Everything of a request that travels as JSON, checked as JSON before anything is sent: no
+    NaN or infinity, no lone surrogate, no cycle, nothing nested past the parser. Fields that the
+    checks above do not name (a message's ``name``, a tool call's arguments, lane-specific
+    fields) used to fail only in the lane's encoder, as a ``ProviderProtocolError`` after
+    connecting."""
+    try:
+        json.dumps(fields, allow_nan=False, ensure_ascii=False, default=_wire_form).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"the request holds text that is not valid Unicode ({exc.reason})") from None
+    except RecursionError:
+        raise ValueError("the request nests too deep to be sent as JSON") from None
+    except ValueError as exc:  # NaN, infinity, a circular reference
+        raise ValueError(f"the request cannot be sent as JSON: {exc}") from None
+
+
+def _wire_form(value: Any) -> Any:
+    to_message = getattr(value, "to_message", None)  # a ToolCall in an assistant turn
+    if callable(to_message):
+        return to_message()
+    raise TypeError(f"the request holds a {type(value).__name__}, which is not JSON")
 
 
 MAX_DIMENSIONS = 65_536

@@ -19,7 +19,14 @@ from typing import Any, TypedDict, TypeVar, Unpack
 import anyio
 
 from ._sync import Portal, SyncGenerationStream
-from ._validate import check_dimensions, check_generation, check_messages, check_request_id, check_text
+from ._validate import (
+    check_dimensions,
+    check_generation,
+    check_messages,
+    check_request_id,
+    check_text,
+    check_wire_json,
+)
 from .contract import (
     Call,
     CallSpec,
@@ -222,6 +229,7 @@ class LLM:
             reasoning=reasoning,
             extra={**(extra.pop("extra", None) or {}), **extra},  # lane-specific fields, sent as they are
         )
+        check_wire_json({"messages": request.messages, "tools": request.tools, "extra": request.extra})
         StopToken.check_sources(cancel_event, signal)  # a TypeError now, never ignored
         spec = CallSpec(
             provider=self.provider,

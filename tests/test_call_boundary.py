@@ -15,6 +15,9 @@ import pytest
 from abstract_client import LLM, Timeout, create_llm
 from abstract_client.testing import FakeOpenAIServer, FakeServer
 
+_SELF: dict[str, object] = {"role": "user", "content": "hi"}
+_SELF["again"] = _SELF  # a message that holds itself
+
 BAD_GENERATIONS: list[tuple[dict[str, object], type[Exception]]] = [
     ({"messages": [1]}, TypeError),
     ({"messages": [[None, None]]}, TypeError),
@@ -47,6 +50,21 @@ BAD_GENERATIONS: list[tuple[dict[str, object], type[Exception]]] = [
     ({"request_id": "naïve"}, ValueError),
     ({"request_id": ""}, ValueError),
     ({"request_id": 42}, TypeError),
+    # #40: outside content and stop, what reached the lane's encoder (a ProviderProtocolError after
+    # connecting; the gateway's 502) or went upstream unchecked
+    ({"messages": [{"role": "user", "content": "hi", "name": "\ud800"}]}, ValueError),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, TypeError),
+    ({"messages": [_SELF]}, ValueError),
+    ({"extra": {"logprobs_scale": float("nan")}}, ValueError),
+    ({"seed": 10**4000}, ValueError),
+    ({"min_tokens": {}}, TypeError),
+    ({"ignore_eos": "x"}, TypeError),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {"$ref": "#"}}}}, ValueError),
+    ({"response_format": {"allOf": [{"$ref": "#/$defs/a"}], "$defs": {"a": {"anyOf": [{"$ref": "#"}]}}}}, ValueError),
+    (
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"$ref": "#"}}}]},
+        ValueError,
+    ),
 ]
 
 

@@ -75,12 +75,12 @@ def test_a_foreign_origin_is_refused_on_every_route(
 
 
 @pytest.mark.parametrize(
-    "content_type", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", None]
+    "content_type", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", ""]
 )
 def test_a_body_a_page_can_send_without_a_preflight_is_refused(
-    content_type: str | None, gw: InProcessGateway, upstream: FakeOpenAIServer
+    content_type: str, gw: InProcessGateway, upstream: FakeOpenAIServer
 ) -> None:
-    headers = {"Content-Type": content_type} if content_type else {}
+    headers = {"Content-Type": content_type}
     with httpx.Client(base_url=gw.url) as client:
         refused(client.post(CHAT, content=json.dumps(BODY), headers=headers), 415, "unsupported_media_type")
         refused(

@@ -16,6 +16,8 @@ from abstract_client.gateway.body import MAX_JSON_DEPTH, json_depth
 from abstract_client.testing import FakeOpenAIServer
 from abstract_client.testing.gateway import InProcessGateway
 
+from .helpers import wait_until
+
 HELLO = json.dumps([{"role": "user", "content": "hi"}])
 
 
@@ -318,7 +320,7 @@ def test_a_client_that_stops_reading_is_stopped_and_frees_its_slot() -> None:
             stalled.connect(("127.0.0.1", gw.port))
             payload = json.dumps({"model": "m", "messages": json.loads(HELLO), "max_tokens": 10**8, "stream": True})
             stalled.sendall(
-                f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                 f"Content-Length: {len(payload)}\r\n\r\n{payload}".encode()
             )
             try:
@@ -366,7 +368,7 @@ def test_only_the_same_key_or_the_admin_key_cancels_a_request() -> None:
             cancel = gw.url + "/v1/requests/{}/cancel"
             assert httpx.post(cancel.format("a-1"), headers=auth("bob-key")).status_code == 404  # not bob's
             assert httpx.post(cancel.format("a-1"), headers=auth("nope")).status_code == 401
-            assert "a-1" in gw.gateway.flights  # still running
+            assert any(f.request_id == "a-1" for f in gw.gateway.flights.values())  # still running
             assert httpx.post(cancel.format("a-1"), headers=auth("alice-key")).status_code == 200  # hers
             assert httpx.post(cancel.format("a-2"), headers=auth("root-key")).status_code == 200  # the admin's
             for t in threads:
@@ -377,3 +379,47 @@ def test_only_the_same_key_or_the_admin_key_cancels_a_request() -> None:
             unload = gw.url + "/v1/models/unload"
             assert_openai_error(httpx.post(unload, json={"model": "m"}, headers=auth("alice-key")), 403)
             assert httpx.post(unload, json={"model": "m"}, headers=auth("root-key")).status_code == 200
+
+
+def test_request_ids_are_scoped_to_their_key() -> None:
+    """While key A's ``X-Request-Id: same`` runs, key B neither learns it exists (no 409) nor
+    cancels it; B's own ``same`` runs beside it; each key's stop record is its own (B's never
+    overwrites A's); the admin key reaches both."""
+    with FakeOpenAIServer(token_delay=0.01) as up:
+        backend = BackendConfig(name="m", provider="openai-compatible", model="fake-model", base_url=up.base_url)
+        config = GatewayConfig(backends=[backend], api_keys=["alice-key", "bob-key"], admin_key="root-key")
+        with InProcessGateway(config) as gw:
+            body = {"model": "m", "messages": json.loads(HELLO), "max_tokens": 100_000, "stream": True}
+            done: dict[str, int] = {}
+
+            def stream(key: str) -> None:
+                headers = {"Authorization": f"Bearer {key}", "X-Request-Id": "same"}
+                with httpx.stream("POST", gw.url + "/v1/chat/completions", json=body, headers=headers, timeout=60) as r:
+                    done[key] = r.status_code
+                    for _ in r.iter_lines():
+                        pass
+
+            alice = threading.Thread(target=stream, args=("alice-key",))
+            alice.start()
+            up.wait_for_request(1, timeout=10)
+            bob = threading.Thread(target=stream, args=("bob-key",))
+            bob.start()
+            up.wait_for_request(2, timeout=10)  # bob's "same" runs beside alice's: no 409
+            cancel = gw.url + "/v1/requests/same/cancel"
+            assert httpx.post(cancel, headers={"Authorization": "Bearer bob-key"}).status_code == 200  # his own
+            bob.join(30)
+            first, second = up.requests("/v1/chat/completions")
+            up.wait_for_disconnect(second, timeout=10)
+            assert first.disconnected_at is None and not first.completed  # alice's still runs
+            record = gw.url + "/v1/requests/same"
+            assert httpx.get(record, headers={"Authorization": "Bearer alice-key"}).status_code == 404  # not hers
+            bobs = {"Authorization": "Bearer bob-key"}
+            assert wait_until(lambda: httpx.get(record, headers=bobs).status_code == 200, 10)
+            assert httpx.post(cancel, headers={"Authorization": "Bearer alice-key"}).status_code == 200
+            alice.join(30)
+            up.wait_for_disconnect(first, timeout=10)
+            assert done == {"alice-key": 200, "bob-key": 200}
+            alices = {"Authorization": "Bearer alice-key"}
+            assert wait_until(lambda: httpx.get(record, headers=alices).status_code == 200, 10)
+            assert httpx.get(record, headers=alices).json()["reason"] == "cancel_endpoint"
+            assert httpx.get(record, headers={"Authorization": "Bearer root-key"}).status_code == 200

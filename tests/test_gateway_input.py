@@ -155,3 +155,30 @@ def test_workers_die_with_their_parent_even_by_sigkill(upstream: FakeOpenAIServe
         for worker in workers:  # (orphans, if the test failed: never left behind)
             with contextlib.suppress(psutil.Error):
                 worker.kill()
+
+
+HOSTILE_FIELDS = {
+    "lone surrogate in name": '"messages": [{"role": "user", "content": "hi", "name": "\\ud800"}]',
+    "NaN in min_p": '"messages": [{"role": "user", "content": "hi"}], "min_p": NaN',
+    "min_tokens {}": '"messages": [{"role": "user", "content": "hi"}], "min_tokens": {}',
+    "ignore_eos x": '"messages": [{"role": "user", "content": "hi"}], "ignore_eos": "x"',
+    "text part 5": '"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]',
+    "4000-digit seed": '"messages": [{"role": "user", "content": "hi"}], "seed": ' + "9" * 4000,
+    "$ref loop": '"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_schema", '
+    '"json_schema": {"name": "a", "schema": {"$ref": "#"}}}',
+}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+@pytest.mark.parametrize("field", list(HOSTILE_FIELDS))
+def test_a_hostile_field_is_a_400_with_nothing_sent_upstream(
+    field: str, stream: bool, upstream: FakeOpenAIServer
+) -> None:
+    body = (
+        '{"model": "fake-model", "max_tokens": 2, "stream": ' + json.dumps(stream) + ", " + HOSTILE_FIELDS[field] + "}"
+    )
+    with gateway_of(upstream) as gw, httpx.Client(base_url=gw.url) as client:
+        answer = client.post("/v1/chat/completions", content=body, headers={"Content-Type": "application/json"})
+    assert answer.status_code == 400, answer.text[:300]
+    assert answer.json()["error"]["type"] == "invalid_request_error"
+    assert upstream.requests() == []

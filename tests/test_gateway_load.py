@@ -112,7 +112,7 @@ def _stream_three_frames(gw: InProcessGateway) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", gw.port))
     body = json.dumps({"model": "m", "messages": HELLO, "max_tokens": 100_000, "stream": True})
     sock.sendall(
-        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\n\r\n{body}".encode()
     )
     got = b""
@@ -234,7 +234,7 @@ def test_a_slow_request_head_or_body_is_a_408_and_the_connection_closes() -> Non
                 assert got.startswith(b"HTTP/1.1 408"), got
             # a body that never finishes
             with socket.create_connection(("127.0.0.1", gw.port)) as sock:
-                sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+                sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n{")
                 got, took = _read_until_closed(sock, 12)
                 assert got.startswith(b"HTTP/1.1 408") and b"request_timeout" in got, got
             assert up.requests("/v1/chat/completions") == []  # nothing went upstream
@@ -252,7 +252,10 @@ def test_a_peer_worker_cancels_the_request_it_holds_and_checks_the_key(tmp_path:
 
     def flight(rid: str, owner: str | None, backend: str) -> Any:
         return SimpleNamespace(
-            owner=owner, backend=SimpleNamespace(name=backend), stop=lambda reason: stopped.append((rid, reason))
+            request_id=rid,
+            owner=owner,
+            backend=SimpleNamespace(name=backend),
+            stop=lambda reason: stopped.append((rid, reason)),
         )
 
     holder = SimpleNamespace(flights={"r1": flight("r1", "alice", "m"), "r2": flight("r2", None, "m")})

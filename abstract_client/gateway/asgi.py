@@ -17,6 +17,7 @@ from .. import telemetry
 from ..errors import GenerationCancelledError
 from . import disconnects
 from .openai_wire import error_body, openai_error
+from .request_ids import scoped
 from .state import Backend, Flight, Gateway
 
 __all__ = ["GenerationResponse", "guarded_send", "guarded_send_json", "json_messages", "send_json", "watch_disconnect"]
@@ -54,20 +55,22 @@ class GenerationResponse:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gateway, backend = self.gateway, self.backend
-        if self.request_id in gateway.flights:
+        state = scope.setdefault("state", {})
+        key = scoped(self.request_id, state.get("owner"))  # another key's id of the same name is not ours
+        if key in gateway.flights:
             message = f"request {self.request_id} is already in flight"
             await send_json(send, 409, openai_error(message, "invalid_request_error", "duplicate_request_id"))
             return
         flight = Flight(
             self.request_id, backend, write_timeout=gateway.config.write_timeout, loop=asyncio.get_running_loop()
         )
-        state = scope.setdefault("state", {})
         flight.owner = state.get("owner")
+        flight.call_id = key
         state["flight"] = flight  # the protocol's connection_lost stops it directly
         # ... and before that, the disconnect thread (it does not wait for the loaded loop)
         watching = disconnects.watcher()
         watched = watching.watch(state["client_socket"], flight) if watching and state.get("client_socket") else None
-        gateway.flights[self.request_id] = flight
+        gateway.flights[key] = flight
         gateway.metrics.started(backend.name)
         status = 500
         path = scope.get("path", "")
@@ -88,7 +91,7 @@ class GenerationResponse:
                 flight.finished = True
                 if watching is not None:
                     watching.unwatch(watched)
-                del gateway.flights[self.request_id]
+                del gateway.flights[key]
                 gateway.metrics.finished(backend.name, self.endpoint, status)
                 if flight.span is not None:
                     flight.span.set_attribute("http.response.status_code", status)

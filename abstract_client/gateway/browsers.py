@@ -11,9 +11,10 @@ page read the answers too. Ollama shipped this class of bug and fixed it the sam
 * **Origin check, every route**: a request a browser sends from another origin carries an
   ``Origin``; only the gateway's own page (same host and port) and ``allowed_origins`` pass.
   ``Origin: null`` (sandboxed frames, some redirects) never does.
-* **JSON only**: a request with a body must say ``application/json`` (or ``+json``): the content
-  types a page can send without a preflight (``text/plain``, forms, multipart) are refused, so a
-  page without an ``Origin`` (there is none) still cannot post one.
+* **JSON only**: a request whose body has a content type must say ``application/json`` (or
+  ``+json``): the types a page can send without a preflight (``text/plain``, forms, multipart)
+  are refused, ``Origin`` or not. A body with no content type at all is a program's (a page's
+  fetch of a type-less Blob carries an ``Origin``, judged above).
 
 Every refusal is an OpenAI error body, sent before the body is read and before anything reaches
 a backend.
@@ -60,10 +61,12 @@ class BrowserPolicy:
             same = given in (f"http://{raw_host}", f"https://{raw_host}")
             if given == "null" or not (same or given in self.origins):
                 return 403, f"Origin {given[:100]!r} may not use this gateway (allowed_origins)", "origin_not_allowed"
-        if method not in ("GET", "HEAD", "OPTIONS") and _has_body(headers):
-            kind = headers.get(b"content-type", b"").decode("latin-1").split(";", 1)[0].strip().lower()
+        if method not in ("GET", "HEAD", "OPTIONS") and _has_body(headers) and b"content-type" in headers:
+            # (no Content-Type at all: a program's request; a page's body without one — a Blob —
+            # carries an Origin, judged above)
+            kind = headers[b"content-type"].decode("latin-1").split(";", 1)[0].strip().lower()
             if not (kind in _JSON_TYPES or (kind.startswith("application/") and kind.endswith("+json"))):
-                shown = kind[:100] or "none"
+                shown = kind[:100] or "empty"
                 return 415, f"the request body must be application/json, not {shown}", "unsupported_media_type"
         return None
 

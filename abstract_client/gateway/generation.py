@@ -69,7 +69,7 @@ async def whole_generation(
 ) -> int:
     async def produce() -> Any:
         result = await flight.backend.llm.agenerate(
-            **kwargs, signal=flight.controller.signal, request_id=flight.request_id
+            **kwargs, signal=flight.controller.signal, request_id=flight.call_id
         )
         gateway.metrics.prompt(flight.backend.name, result.usage)
         return (chat_completion if chat else text_completion)(result, flight.request_id, model)
@@ -142,7 +142,7 @@ async def _produce(
     created = int(time.time())
     encoder = FrameEncoder(flight.request_id, model, created, chat=chat)
     try:
-        stream = llm.astream(**kwargs, signal=flight.controller.signal, request_id=flight.request_id)
+        stream = llm.astream(**kwargs, signal=flight.controller.signal, request_id=flight.call_id)
         async with stream:
             async for chunk in stream:
                 frames = encoder.encode(chunk)
@@ -188,7 +188,7 @@ def embeddings_endpoint(gateway: Gateway) -> Callable[[Request], Awaitable[Any]]
                     inputs,
                     dimensions=body.get("dimensions"),
                     signal=flight.controller.signal,
-                    request_id=flight.request_id,
+                    request_id=flight.call_id,
                 )
                 data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(result.vectors)]
                 n = result.usage.prompt_tokens if result.usage and result.usage.prompt_tokens else 0

@@ -17,6 +17,7 @@ from ..fleet import Fleet
 from .body import REQUEST_ID, error_response, no_backend, read_json
 from .openai_wire import BadRequest, openai_error
 from .openapi import openapi_document
+from .request_ids import flights_named, scoped
 from .state import Gateway
 
 __all__ = [
@@ -92,26 +93,29 @@ async def openapi(request: Request) -> Response:
 
 async def cancel(request: Request) -> Response:
     gateway = _gateway(request)
-    flight = gateway.flights.get(request.path_params["request_id"])
     state = request.scope["state"]
-    # another key's request is "not found": its id is not even confirmed to exist
     request_id = request.path_params["request_id"]
-    allowed = flight is not None and (state.get("admin") or flight.owner == state.get("owner"))
-    if flight is None and gateway.peers is not None and REQUEST_ID.match(request_id):
+    # another key's request is "not found": its id is not even confirmed to exist
+    found = flights_named(gateway.flights, request_id, state.get("owner"), bool(state.get("admin")))
+    if not found and gateway.peers is not None and REQUEST_ID.match(request_id):
         # another worker may hold it: it checks the key the same way
         owner, admin = state.get("owner") or "-", "1" if state.get("admin") else "0"
         if await gateway.peers.ask("cancel", request_id, owner, admin):
             return JSONResponse({"id": request_id, "cancelled": True})
-    if flight is None or not allowed:
+    if not found:
         return _not_found("no such request in flight")
-    flight.stop("cancel_endpoint")
-    return JSONResponse({"id": flight.request_id, "cancelled": True})
+    for flight in found:
+        flight.stop("cancel_endpoint")
+    return JSONResponse({"id": request_id, "cancelled": True})
 
 
 async def stop_record(request: Request) -> Response:
     """What the gateway measured for a stopped request (its owner's key, or the admin's)."""
-    record = _gateway(request).stop_records.get(request.path_params["request_id"])
-    state = request.scope["state"]
+    records, state = _gateway(request).stop_records, request.scope["state"]
+    request_id = request.path_params["request_id"]
+    record = records.get(scoped(request_id, state.get("owner")))
+    if record is None and state.get("admin"):
+        record = next((r for r in reversed(records.values()) if r["request_id"] == request_id), None)
     if record is None or not (state.get("admin") or record["owner"] == state.get("owner")):
         return _not_found("no stop recorded for this request")
     return JSONResponse({k: v for k, v in record.items() if k != "owner"})

@@ -48,7 +48,8 @@ class Backend:
 
 
 class Flight:
-    """One request in flight: what stops it, and when the stop was seen."""
+    """One request in flight: what stops it, and when the stop was seen. ``request_id`` is the
+    client's; ``call_id`` the id it is held and called by (``request_ids.scoped``)."""
 
     def __init__(
         self,
@@ -65,6 +66,7 @@ class Flight:
         self.stop_seen_at: float | None = None
         self.client_gone = False
         self.owner: str | None = None  # the identity of the key it came with (cancel(id) checks it)
+        self.call_id = request_id  # scoped(request_id, owner), once the owner is known
         self.write_timeout = write_timeout  # a client that reads nothing for this long is stalled
         self.queue_scope: anyio.CancelScope | None = None
         self.span: Any = None  # the request's SERVER span, when tracing is on
@@ -157,7 +159,7 @@ class Gateway:
         }
         self.metrics.prompt(flight.backend.name, err.usage)
         stats = getattr(flight.backend.llm.provider, "stats", None)  # in-process engines' own record
-        engine = stats(flight.request_id) if stats is not None else None
+        engine = stats(flight.call_id) if stats is not None else None
         if engine is None:  # over HTTP the engine stopped when its connection was severed: now
             self._engine_stopped(flight, record, released, None)
             return
@@ -184,7 +186,7 @@ class Gateway:
         record["stop_to_engine_stopped_ms"] = seconds * 1000
         if engine is not None and engine.tokens_at_stop is not None:
             record["tokens_after_stop"] = engine.tokens - engine.tokens_at_stop
-        self.stop_records[flight.request_id] = record  # published complete (GET /v1/requests/{id})
+        self.stop_records[flight.call_id] = record  # published complete (GET /v1/requests/{id})
         while len(self.stop_records) > 1000:
             self.stop_records.popitem(last=False)
         reason = record["reason"]

@@ -31,6 +31,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .request_ids import flights_named
+
 __all__ = ["Peers", "run_workers"]
 
 log = logging.getLogger("abstract_client.gateway")
@@ -92,11 +94,10 @@ class Peers:
 def _handle(gateway: Any, words: list[str]) -> bool:
     if len(words) == 4 and words[0] == "cancel":
         _, request_id, owner, admin = words
-        flight = gateway.flights.get(request_id)
-        if flight is None or not (admin == "1" or flight.owner == (None if owner == "-" else owner)):
-            return False
-        flight.stop("cancel_endpoint")
-        return True
+        found = flights_named(gateway.flights, request_id, None if owner == "-" else owner, admin == "1")
+        for flight in found:
+            flight.stop("cancel_endpoint")
+        return bool(found)
     if len(words) == 2 and words[0] == "stop-backend":
         stopped = [f for f in gateway.flights.values() if f.backend.name == words[1]]
         for flight in stopped:

@@ -292,19 +292,90 @@ def _check_schema(schema: dict[str, Any], what: str = "response_format") -> None
     cls = validator_for(schema)
     try:
         cls.check_schema(schema)
+    except RecursionError:
+        raise ValueError(f"{what} nests too deep to be a usable JSON schema") from None
     except Exception as exc:  # jsonschema's SchemaError: a clear ValueError before anything is sent
         raise ValueError(f"{what} is not a valid JSON schema: {getattr(exc, 'message', exc)}") from None
     for ref in _refs(schema):
         if not ref.startswith("#"):
             raise ValueError(f"{what}: only local $refs are supported, not {ref!r}")
-        node: Any = schema
-        for part in [p.replace("~1", "/").replace("~0", "~") for p in ref[1:].split("/") if p]:
-            if isinstance(node, dict) and part in node:
-                node = node[part]
-            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-                node = node[int(part)]
-            else:
-                raise ValueError(f"{what}: $ref {ref!r} points nowhere in the schema")
+        _resolve(schema, ref, what)
+    _refuse_ref_loops(schema, what)
+
+
+def _resolve(schema: dict[str, Any], ref: str, what: str) -> Any:
+    node: Any = schema
+    for part in [p.replace("~1", "/").replace("~0", "~") for p in ref[1:].split("/") if p]:
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            raise ValueError(f"{what}: $ref {ref!r} points nowhere in the schema")
+    return node
+
+
+# Keywords that apply their subschemas to the SAME instance: a $ref cycle through only these never
+# descends into the value, so validating anything against it recurses forever (``{"$ref": "#"}``
+# made a RecursionError — after the whole generation had run). Recursion through properties or
+# items is fine: it consumes the value.
+_SAME_INSTANCE_LISTS = ("allOf", "anyOf", "oneOf")
+_SAME_INSTANCE_ONE = ("not", "if", "then", "else")
+_MAX_SCHEMA_NODES = 20_000
+
+
+def _refuse_ref_loops(schema: dict[str, Any], what: str) -> None:
+    done: set[int] = set()
+    nodes = [item for item in _walk(schema) if isinstance(item, dict)]
+    if len(nodes) > _MAX_SCHEMA_NODES:
+        raise ValueError(f"{what} has more than {_MAX_SCHEMA_NODES} subschemas")
+    for start in nodes:
+        if id(start) in done:
+            continue
+        # depth-first along same-instance edges, iteratively: (node, its edges left)
+        on_path: set[int] = {id(start)}
+        stack: list[tuple[dict[str, Any], list[Any]]] = [(start, _same_instance(schema, start, what))]
+        while stack:
+            node, edges = stack[-1]
+            if not edges:
+                stack.pop()
+                on_path.discard(id(node))
+                done.add(id(node))
+                continue
+            nxt = edges.pop()
+            if not isinstance(nxt, dict) or id(nxt) in done:
+                continue
+            if id(nxt) in on_path:
+                raise ValueError(
+                    f"{what}: its $refs loop back without descending into the value (validation would never end)"
+                )
+            on_path.add(id(nxt))
+            stack.append((nxt, _same_instance(schema, nxt, what)))
+
+
+def _same_instance(schema: dict[str, Any], node: dict[str, Any], what: str) -> list[Any]:
+    edges: list[Any] = []
+    ref = node.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#"):
+        edges.append(_resolve(schema, ref, what))
+    for key in _SAME_INSTANCE_LISTS:
+        if isinstance(node.get(key), list):
+            edges.extend(node[key])
+    edges.extend(node.get(key) for key in _SAME_INSTANCE_ONE)
+    return edges
+
+
+def _walk(node: Any) -> list[Any]:
+    out: list[Any] = []
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        out.append(item)
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return out
 
 
 def _refs(node: Any) -> list[str]:
