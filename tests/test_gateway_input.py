@@ -182,3 +182,45 @@ def test_a_hostile_field_is_a_400_with_nothing_sent_upstream(
     assert answer.status_code == 400, answer.text[:300]
     assert answer.json()["error"]["type"] == "invalid_request_error"
     assert upstream.requests() == []
+
+
+def test_an_integral_number_is_an_integer_as_the_schema_says(upstream: FakeOpenAIServer) -> None:
+    body = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2.0, "seed": 7.0}
+    with gateway_of(upstream) as gw:
+        answer = httpx.post(gw.url + "/v1/chat/completions", json=body)
+        assert answer.status_code == 200, answer.text
+        refused = httpx.post(gw.url + "/v1/chat/completions", json={**body, "max_tokens": 2.5})
+        assert refused.status_code == 400
+    sent = upstream.requests("/v1/chat/completions")[0].body
+    assert sent["max_tokens"] == 2 and isinstance(sent["max_tokens"], int) and sent["seed"] == 7
+
+
+def test_a_client_that_leaves_before_the_answer_gets_a_499_and_no_error_is_logged(
+    upstream: FakeOpenAIServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A non-streaming client that half-closes (``shutdown(SHUT_WR)``, as some proxies do) got a
+    500 from uvicorn, and every client leaving before the response logged "ASGI callable
+    returned without starting response" at ERROR. TCP cannot tell a half-close from a close
+    until it is written to: it is a stop, answered as one."""
+    import logging
+
+    upstream.behavior.token_delay = 0.05
+    with gateway_of(upstream) as gw, caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            with socket.create_connection(("127.0.0.1", gw.port), timeout=30) as sock:
+                sock.sendall(
+                    (
+                        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                        f"Content-Length: {len(BODY.replace('2}', '400}'))}\r\n\r\n{BODY.replace('2}', '400}')}"
+                    ).encode()
+                )
+                record_count = len(upstream.requests())
+                sock.shutdown(socket.SHUT_WR)
+                answer = b""
+                while chunk := sock.recv(65536):
+                    answer += chunk
+            assert answer.startswith(b"HTTP/1.1 499"), answer[:200]
+            assert record_count >= 0
+    assert not [r for r in caplog.records if "without starting response" in r.getMessage()]
+    for record in upstream.requests("/v1/chat/completions"):
+        upstream.wait_for_disconnect(record, timeout=10)  # each stopped upstream

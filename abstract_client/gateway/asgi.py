@@ -6,6 +6,7 @@ metrics."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -14,7 +15,7 @@ import anyio
 from starlette.types import Message, Receive, Scope, Send
 
 from .. import telemetry
-from ..errors import GenerationCancelledError
+from ..errors import GenerationCancelledError, StopReason
 from . import disconnects
 from .openai_wire import error_body, openai_error
 from .request_ids import scoped
@@ -73,6 +74,9 @@ class GenerationResponse:
         gateway.flights[key] = flight
         gateway.metrics.started(backend.name)
         status = 500
+        replied = _Watched(send)
+        send = replied
+
         path = scope.get("path", "")
         # the caller's trace continues here; the backend call's span is this span's child
         with telemetry.server_span(f"POST {path}", scope.get("headers") or [], self.request_id, path) as flight.span:
@@ -88,6 +92,17 @@ class GenerationResponse:
                         status = await self._in_slot(flight, send)
                         tg.cancel_scope.cancel()
             finally:
+                if not replied.started:
+                    # The client left before the answer began (or half-closed its side: TCP cannot
+                    # tell that from a close until it is written to), and nothing was sent. Answer
+                    # anyway, with the stop: else uvicorn logs "ASGI callable returned without
+                    # starting response" and answers a half-closed client with a 500.
+                    with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+                        reason: StopReason = "shutdown" if flight.reason == "shutdown" else "user"
+                        stop = GenerationCancelledError(
+                            f"stopped: {flight.reason or 'client_disconnect'}", reason=reason
+                        )
+                        await send_json(send, *error_body(stop), [(b"connection", b"close")])
                 flight.finished = True
                 if watching is not None:
                     watching.unwatch(watched)
@@ -130,6 +145,19 @@ class GenerationResponse:
         if not flight.client_gone:
             await send_json(send, *error_body(GenerationCancelledError("stopped while queued")))
         return 499
+
+
+class _Watched:
+    """``send``, noting whether the response has started."""
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.started = False
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.started = True
+        await self._send(message)
 
 
 async def watch_disconnect(receive: Receive, flight: Flight) -> None:

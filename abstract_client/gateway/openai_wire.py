@@ -98,6 +98,10 @@ def generation_args(body: Any, *, chat: bool) -> tuple[dict[str, Any], bool, boo
     for key in _PASSTHROUGH:
         if body.get(key) is not None:
             kwargs[key] = body[key]
+    for key in _INTEGERS:  # JSON Schema's integer (the spec this gateway serves) takes 5.0 as 5
+        value = kwargs.get(key)
+        if isinstance(value, float) and value.is_integer():
+            kwargs[key] = int(value)
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise BadRequest(f"stream must be true or false, not {stream!r}")
@@ -105,6 +109,9 @@ def generation_args(body: Any, *, chat: bool) -> tuple[dict[str, Any], bool, boo
     if not isinstance(include_usage, bool):
         raise BadRequest("stream_options.include_usage must be true or false")
     return kwargs, stream, include_usage
+
+
+_INTEGERS = ("max_tokens", "seed", "top_k", "min_tokens")
 
 
 def _object(body: dict[str, Any], key: str) -> dict[str, Any]:

@@ -74,7 +74,7 @@ _SAMPLING = {
     "max_completion_tokens": {"type": "integer", "minimum": 1, "maximum": MAX_TOKENS_LIMIT},
     "temperature": {"type": "number", "minimum": 0},
     "top_p": {"type": "number", "minimum": 0, "maximum": 1},
-    "seed": {"type": "integer"},
+    "seed": {"type": "integer", "minimum": -(2**63), "maximum": 2**64 - 1},
     "stop": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
     "stream": {"type": "boolean"},
     "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},

@@ -59,6 +59,13 @@ class GatewayProtocol(H11Protocol):
                 self._head_timer.cancel()
                 self._head_timer = None
 
+    def eof_received(self) -> bool:
+        """The client shut its sending side (``shutdown(SHUT_WR)``; some proxies do, after the
+        request): keep ours open, so the request's answer — a stop, since TCP cannot tell this
+        from a close before it is written to — can still be sent (uvicorn's default closes the
+        transport, and the client got nothing, or a 500)."""
+        return True
+
     def connection_lost(self, exc: Exception | None) -> None:
         if self._head_timer is not None:
             self._head_timer.cancel()
