@@ -59,7 +59,7 @@ class GatewayProtocol(H11Protocol):
                 self._head_timer.cancel()
                 self._head_timer = None
 
-    def eof_received(self) -> bool:
+    def eof_received(self) -> bool:  # type: ignore[override]
         """The client shut its sending side (``shutdown(SHUT_WR)``; some proxies do, after the
         request): keep ours open, so the request's answer — a stop, since TCP cannot tell this
         from a close before it is written to — can still be sent (uvicorn's default closes the
