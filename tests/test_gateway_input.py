@@ -18,6 +18,8 @@ from abstract_client.gateway.config import key_from_env
 from abstract_client.testing import FakeOpenAIServer
 from abstract_client.testing.gateway import InProcessGateway
 
+from .helpers import wait_until
+
 BODY = json.dumps({"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
 
 
@@ -139,8 +141,6 @@ def test_workers_die_with_their_parent_even_by_sigkill(upstream: FakeOpenAIServe
 
     from abstract_client.testing.gateway import GatewayProcess
 
-    from .helpers import wait_until
-
     args = ["-p", "vllm", "-u", upstream.base_url, "-m", "fake-model", "--workers", "2"]
     gw = GatewayProcess.launch(args, log_path=tmp_path / "gateway.log")
     workers: list[psutil.Process] = []
@@ -224,3 +224,58 @@ def test_a_client_that_leaves_before_the_answer_gets_a_499_and_no_error_is_logge
     assert not [r for r in caplog.records if "without starting response" in r.getMessage()]
     for record in upstream.requests("/v1/chat/completions"):
         upstream.wait_for_disconnect(record, timeout=10)  # each stopped upstream
+
+
+def test_a_request_queued_at_shutdown_says_shutdown(upstream: FakeOpenAIServer, tmp_path: Path) -> None:
+    import signal
+    import threading
+
+    from abstract_client.testing.gateway import GatewayProcess
+
+    upstream.behavior.token_delay = 0.05
+    args = ["-p", "vllm", "-u", upstream.base_url, "-m", "fake-model", "--max-concurrent", "1"]
+    gw = GatewayProcess.launch(args, log_path=tmp_path / "gateway.log")
+    answers: dict[str, httpx.Response] = {}
+    long = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4000}
+
+    def post(name: str) -> None:
+        answers[name] = httpx.post(gw.url + "/v1/chat/completions", json=long, timeout=60)
+
+    try:
+        first = threading.Thread(target=post, args=("running",))
+        first.start()
+        upstream.wait_for_request(1, timeout=15)
+        queued = threading.Thread(target=post, args=("queued",))
+        queued.start()
+        assert wait_until(lambda: gw.metric("abstract_client_gateway_requests_running") >= 2, 15)
+        assert gw.proc is not None
+        gw.proc.send_signal(signal.SIGTERM)
+        first.join(30)
+        queued.join(30)
+    finally:
+        gw.stop()
+    assert answers["queued"].status_code == 499, answers["queued"].text
+    assert answers["queued"].json()["error"]["code"] == "shutdown"
+    assert answers["running"].json()["error"]["code"] == "shutdown"
+
+
+def test_an_unloads_stops_carry_their_reason(upstream: FakeOpenAIServer) -> None:
+    import threading
+
+    upstream.behavior.token_delay = 0.05
+    with gateway_of(upstream) as gw:
+        body = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4000}
+        headers = {"X-Request-Id": "ejected-1"}
+        out: dict[str, httpx.Response] = {}
+        call = threading.Thread(
+            target=lambda: out.setdefault(
+                "r", httpx.post(gw.url + "/v1/chat/completions", json=body, headers=headers, timeout=60)
+            )
+        )
+        call.start()
+        upstream.wait_for_request(1, timeout=15)
+        httpx.post(gw.url + "/v1/models/unload", json={"model": "fake-model"}, timeout=60)
+        call.join(30)
+        record = gw.url + "/v1/requests/ejected-1"
+        assert wait_until(lambda: httpx.get(record).status_code == 200, 10)
+        assert httpx.get(record).json()["reason"] == "model_eject"

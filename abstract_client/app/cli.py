@@ -328,6 +328,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ConfigError as err:
         sys.stderr.write(f"error: {err}\n")
         return 2
+    except KeyboardInterrupt:  # a second Ctrl-C during the graceful stop: no traceback
+        return 130
     return 0
 
 

@@ -143,8 +143,18 @@ class GenerationResponse:
     @staticmethod
     async def _stopped_before_start(flight: Flight, send: Send) -> int:
         if not flight.client_gone:
-            await send_json(send, *error_body(GenerationCancelledError("stopped while queued")))
+            stop = GenerationCancelledError(f"stopped while queued ({flight.reason})", reason=_stop_reason(flight))
+            await send_json(send, *error_body(stop))
         return 499
+
+
+_GATEWAY_REASONS: dict[str | None, StopReason] = {"shutdown": "shutdown", "model_eject": "model_eject"}
+
+
+def _stop_reason(flight: Flight) -> StopReason:
+    """The error code of a flight's stop: a shutdown or an eject says so (a queued request ended
+    by SIGTERM answered "user"); a client's or a cancel route's is the user's."""
+    return _GATEWAY_REASONS.get(flight.reason, "user")
 
 
 class _Watched:

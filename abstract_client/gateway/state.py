@@ -152,7 +152,7 @@ class Gateway:
         record: dict[str, Any] = {
             "request_id": flight.request_id,
             "owner": flight.owner,
-            "reason": flight.reason or "unknown",
+            "reason": flight.reason or err.reason,  # the LLM's own stop (an eject) has no flight reason
             "stop_to_engine_stopped_ms": None,
             "generated_tokens": err.generated_tokens,
             "tokens_after_stop": None,
