@@ -31,6 +31,7 @@ __all__ = [
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 _REQUEST_ID = re.compile(r"[\x21-\x7e]{1,200}")  # printable ASCII, no spaces, no CR/LF
 MAX_TOKENS_LIMIT = 2**31 - 1
+_OTHER_IMAGE_PARTS = ("input_image", "image")  # the Responses API's and Anthropic's image part names
 
 
 def check_text(value: str, what: str) -> str:
@@ -60,6 +61,11 @@ def check_messages(messages: object) -> None:
             for j, part in enumerate(content):
                 if not isinstance(part, Mapping) or not isinstance(part.get("type"), str):
                     raise TypeError(f"messages[{i}]['content'][{j}] must be a content part dict with a 'type'")
+                if part["type"] in _OTHER_IMAGE_PARTS:  # they would pass the image checks by
+                    raise ValueError(
+                        f"messages[{i}]['content'][{j}]: a {part['type']!r} part is not sent; images go as "
+                        "'image_url' parts (abstract_client.image_part), where their size and source are checked"
+                    )
                 if part["type"] == "text" and not isinstance(part.get("text"), str):
                     raise TypeError(f"messages[{i}]['content'][{j}]['text'] must be a string")
                 if isinstance(part.get("text"), str):

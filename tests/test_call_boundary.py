@@ -55,6 +55,11 @@ BAD_GENERATIONS: list[tuple[dict[str, object], type[Exception]]] = [
     ({"messages": [{"role": "user", "content": "hi", "name": "\ud800"}]}, ValueError),
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, TypeError),
     ({"messages": [_SELF]}, ValueError),
+    (
+        {"messages": [{"role": "user", "content": [{"type": "input_image", "image_url": "file:///etc/passwd"}]}]},
+        ValueError,
+    ),
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"data": "x" * 10}}]}]}, ValueError),
     ({"extra": {"logprobs_scale": float("nan")}}, ValueError),
     ({"seed": 10**4000}, ValueError),
     ({"min_tokens": {}}, TypeError),
