@@ -191,6 +191,8 @@ def test_an_integral_number_is_an_integer_as_the_schema_says(upstream: FakeOpenA
         assert answer.status_code == 200, answer.text
         refused = httpx.post(gw.url + "/v1/chat/completions", json={**body, "max_tokens": 2.5})
         assert refused.status_code == 400
+        embedded = httpx.post(gw.url + "/v1/embeddings", json={"model": "fake-model", "input": "hi", "dimensions": 4.0})
+        assert embedded.status_code == 200 and len(embedded.json()["data"][0]["embedding"]) == 4
     sent = upstream.requests("/v1/chat/completions")[0].body
     assert sent["max_tokens"] == 2 and isinstance(sent["max_tokens"], int) and sent["seed"] == 7
 

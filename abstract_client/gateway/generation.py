@@ -186,7 +186,7 @@ def embeddings_endpoint(gateway: Gateway) -> Callable[[Request], Awaitable[Any]]
             async def produce() -> Any:
                 result = await flight.backend.llm.aembed(
                     inputs,
-                    dimensions=body.get("dimensions"),
+                    dimensions=_integral(body.get("dimensions")),
                     signal=flight.controller.signal,
                     request_id=flight.call_id,
                 )
@@ -204,3 +204,8 @@ def embeddings_endpoint(gateway: Gateway) -> Callable[[Request], Awaitable[Any]]
         return GenerationResponse(gateway, backend, request_id_of(request), "embeddings", run)
 
     return handle
+
+
+def _integral(value: Any) -> Any:
+    """JSON Schema's integer takes 64.0 as 64 (the spec this gateway serves says integer)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._validate import MAX_TOKENS_LIMIT
+from .._validate import MAX_DIMENSIONS, MAX_TOKENS_LIMIT
 
 __all__ = ["openapi_document"]
 
@@ -114,7 +114,23 @@ def openapi_document(*, ui: bool = False) -> dict[str, Any]:
         "properties": {
             "messages": {"type": "array", "minItems": 1, "items": {"$ref": "#/components/schemas/Message"}},
             "tools": {"type": "array", "items": {"type": "object"}},
-            "tool_choice": {"oneOf": [{"enum": ["auto", "none", "required"]}, {"type": "object"}]},
+            "tool_choice": {
+                "oneOf": [
+                    {"enum": ["auto", "none", "required"]},
+                    {
+                        "type": "object",
+                        "required": ["type", "function"],
+                        "properties": {
+                            "type": {"const": "function"},
+                            "function": {
+                                "type": "object",
+                                "required": ["name"],
+                                "properties": {"name": {"type": "string", "minLength": 1}},
+                            },
+                        },
+                    },
+                ]
+            },
             "response_format": {"type": "object"},
             "reasoning_effort": {"enum": ["none", "minimal", "low", "medium", "high"]},
             "chat_template_kwargs": {"type": "object"},
@@ -132,7 +148,7 @@ def openapi_document(*, ui: bool = False) -> dict[str, Any]:
         "properties": {
             "model": {"type": "string"},
             "input": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
-            "dimensions": {"type": "integer", "minimum": 1},
+            "dimensions": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_DIMENSIONS},
         },
     }
     model_only = {"type": "object", "required": ["model"], "properties": {"model": {"type": "string"}}}
