@@ -143,9 +143,19 @@ def test_embed_input_validation(llm: LLM) -> None:
 
 @pytest.mark.anyio
 async def test_framework_cancellation_of_an_embed(server: FakeServer, llm: LLM, anyio_backend: str) -> None:
-    server.behavior.embed_delay = 0.05
-    with anyio.move_on_after(0.3) as scope:
-        await llm.aembed([f"t{i}" for i in range(100)], batch_size=100)
+    server.behavior.embed_delay = 0.05  # 100 inputs: 5 s of "compute"
+    before = len(server.records)
+    scope = anyio.CancelScope()
+
+    async def embed() -> None:
+        with scope:
+            await llm.aembed([f"t{i}" for i in range(100)], batch_size=100)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(embed)
+        while len(server.records) <= before:  # the server holds the request (not a timer: load)
+            await anyio.sleep(0.005)
+        scope.cancel()
     assert scope.cancelled_caught
-    server.wait_for_disconnect(server.last)
+    server.wait_for_disconnect(server.records[before])
     assert llm.in_flight == []

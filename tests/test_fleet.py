@@ -446,7 +446,7 @@ class Listener:
 
 
 def test_no_caller_waits_on_a_probe_of_a_wedged_member(servers: list[FakeOpenAIServer]) -> None:
-    """A member whose readiness route hangs (5 s probe timeout): once it is down, callers go to
+    """A member whose readiness route hangs (10 s probe timeout): once it is down, callers go to
     the healthy member and never wait on its probe; its probes run one at a time."""
     wedged = Listener("hangs")
     members = {
@@ -457,14 +457,14 @@ def test_no_caller_waits_on_a_probe_of_a_wedged_member(servers: list[FakeOpenAIS
         members,
         failure_threshold=1,
         cooldown=0.05,
-        probe_timeout=5.0,
+        probe_timeout=10.0,
         probe_interval=0.05,
         timeout=Timeout(first_token=3.0),  # a call sent to the wedged member fails in 3 s, not never
     )
     try:
         fleet.members[0].health.failed()  # down (as a call that failed on it would put it)
         assert wait_until(lambda: fleet.provider.prober.probes >= 1, 10)
-        # its cooldown has ended; its probe hangs (5 s): still unconfirmed, so not for callers
+        # its cooldown has ended; its probe hangs (10 s): still unconfirmed, so not for callers
         assert wait_until(lambda: not fleet.members[0].health.cooling(), 10)
         took: list[float] = []
 
@@ -478,8 +478,8 @@ def test_no_caller_waits_on_a_probe_of_a_wedged_member(servers: list[FakeOpenAIS
             t.start()
         for t in threads:
             t.join(30)
-        assert len(took) == 8 and max(took) < 2.5, took  # a probe holds for 5 s: nobody waited on one
-        time.sleep(0.5)  # ten probe intervals: none may start while the first still hangs (5 s)
+        assert len(took) == 8 and max(took) < 2.5, took  # a probe holds for 10 s: nobody waited on one
+        time.sleep(0.5)  # ten probe intervals: none may start while the first still hangs (10 s)
         assert fleet.provider.prober.probes == 1 and wedged.most_open == 1
         assert all(r == "/v1/models" for r in wedged.requests)
         assert fleet.status()["members"][0]["state"] != "healthy"
