@@ -87,7 +87,7 @@ class LlamaCppProvider(OpenAICompatibleProvider):
         body.update(sampling_fields(request, max_tokens_key="n_predict"))
         if request.response_format is not None:  # the native field: a grammar built from the schema
             body["json_schema"] = request.response_format.schema or {"type": "object"}
-        body.update(self.options)
+        body.update(self.extra_body)
         body.update(request.extra)
         return body
 

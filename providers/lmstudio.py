@@ -84,7 +84,7 @@ class LMStudioProvider(OpenAICompatibleProvider):
         if request.reasoning is not None:
             level = request.reasoning
             body["reasoning"] = level if isinstance(level, str) else ("on" if level else "off")
-        body.update(self.options)
+        body.update(self.extra_body)
         body.update(extra)
         return body
 

@@ -118,7 +118,7 @@ class OllamaProvider(OpenAICompatibleProvider):
         for key in _PASSTHROUGH:
             if key in extra:
                 body[key] = extra.pop(key)
-        body.update(self.options)
+        body.update(self.extra_body)
         body.update(extra)
         return path, body
 
@@ -174,7 +174,7 @@ class OllamaProvider(OpenAICompatibleProvider):
         body: dict[str, Any] = {"model": model, "input": texts}
         if dimensions is not None:
             body["dimensions"] = dimensions
-        body.update({k: v for k, v in self.options.items() if k in ("keep_alive", "truncate", "options")})
+        body.update({k: v for k, v in self.extra_body.items() if k in ("keep_alive", "truncate", "options")})
         obj = json_body(await ctx.request("POST", "/api/embed", json=body))
         vectors = obj.get("embeddings") if isinstance(obj, dict) else None
         if not isinstance(vectors, list) or not all(

@@ -301,7 +301,7 @@ class OpenAICompatibleProvider(Provider):
                 base_url or self.default_base_url, headers=all_headers, connect_timeout=connect_timeout, network=network
             ),
         )
-        self.options = dict(extra_body or {})  # extra body fields sent with every request
+        self.extra_body = dict(extra_body or {})  # fields sent in every request body (create_llm(extra_body=))
         if complete_over_stream is not None:  # per instance: unknown /v1 servers default to plain
             self.complete_over_stream = complete_over_stream
 
@@ -315,7 +315,7 @@ class OpenAICompatibleProvider(Provider):
             body["stream_options"] = {"include_usage": True}
         body.update(sampling_fields(request))
         body.update(self.feature_fields(request))
-        body.update(self.options)
+        body.update(self.extra_body)
         body.update(request.extra)
         return body
 

@@ -61,7 +61,7 @@ class VLLMProvider(OpenAICompatibleProvider):
         body.update(sampling_fields(request))
         if request.response_format is not None:
             body["structured_outputs"] = {"json": request.response_format.schema or {"type": "object"}}
-        body.update(self.options)
+        body.update(self.extra_body)
         body.update(self._extra(request))
         return body
 

@@ -527,15 +527,20 @@ def test_a_restarted_member_is_taken_back_before_its_cooldown_ends(servers: list
             revived.stop()
 
 
+def listener_first(listener: Listener, ok: FakeOpenAIServer) -> Fleet:
+    """A round-robin fleet whose first member is ``listener``, its second a live fake server."""
+    members = {
+        "listener": create_llm("openai-compatible", "fake-model", base_url=listener.base_url),
+        "ok": create_llm("openai-compatible", "fake-model", base_url=ok.base_url),
+    }
+    return Fleet(members, policy="round_robin", max_attempts=2, failure_threshold=100)
+
+
 def test_a_request_a_member_took_and_never_answered_fails_over(servers: list[FakeOpenAIServer]) -> None:
     """A member that reads the request and closes (killed with it queued): no response byte,
     so the call goes to the next member — never a replay after a byte (tested above)."""
     dying = Listener("closes")
-    members = {
-        "dying": create_llm("openai-compatible", "fake-model", base_url=dying.base_url),
-        "ok": create_llm("openai-compatible", "fake-model", base_url=servers[0].base_url),
-    }
-    fleet = Fleet(members, policy="round_robin", max_attempts=2, failure_threshold=100)
+    fleet = listener_first(dying, servers[0])
     try:
         for _ in range(4):
             result = fleet.generate("hi", max_tokens=2)
@@ -543,7 +548,7 @@ def test_a_request_a_member_took_and_never_answered_fails_over(servers: list[Fak
         assert len(dying.requests) >= 2  # it took requests and never answered them
         stream = fleet.stream("hi", max_tokens=2)
         assert "".join(c.delta for c in stream) == "tok0 tok1 "
-        alone = Fleet({"dying": create_llm("openai-compatible", "fake-model", base_url=dying.base_url)})
+        alone = Fleet({"listener": create_llm("openai-compatible", "fake-model", base_url=dying.base_url)})
         with pytest.raises(TransportError) as info:
             alone.generate("hi", max_tokens=2)
         assert info.value.no_response and not info.value.retryable and info.value.partial_text == ""
@@ -556,15 +561,11 @@ def test_a_request_a_member_took_and_never_answered_fails_over(servers: list[Fak
 def test_a_response_cut_inside_its_head_is_not_failed_over(servers: list[FakeOpenAIServer]) -> None:
     """Bytes of a response came (a head cut short): never a replay on another member."""
     cut = Listener("half-head")
-    members = {
-        "cut": create_llm("openai-compatible", "fake-model", base_url=cut.base_url),
-        "ok": create_llm("openai-compatible", "fake-model", base_url=servers[0].base_url),
-    }
-    fleet = Fleet(members, policy="round_robin", max_attempts=2, failure_threshold=100)
+    fleet = listener_first(cut, servers[0])
     try:
         with pytest.raises(TransportError) as info:
             fleet.generate("hi", max_tokens=2)
-        assert info.value.member == "cut" and not info.value.no_response
+        assert info.value.member == "listener" and not info.value.no_response
         assert chats(servers[0]) == 0
     finally:
         fleet.close()

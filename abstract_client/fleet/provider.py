@@ -107,7 +107,7 @@ class FleetProvider(Provider):
         while len(self._served) > 1024:
             self._served.popitem(last=False)
 
-    async def _choose(self, request: GenerationRequest, tried: set[str], key: str | None) -> Member | None:
+    def _choose(self, request: GenerationRequest, tried: set[str], key: str | None) -> Member | None:
         """A member not tried yet: a healthy one; when none is left, a down one whose cooldown
         ended (the last resort). Never a probe here: the prober brings members back."""
         now = time.monotonic()
@@ -177,7 +177,7 @@ class FleetProvider(Provider):
             # at most max_attempts members for failover; a hedge is one more copy on top
             if len(tried) >= self.max_attempts + (1 if hedged else 0) or ctx.token.is_set:
                 return False
-            member = await self._choose(request, tried, key)
+            member = self._choose(request, tried, key)
             if member is None:
                 return False
             tried.add(member.name)
@@ -265,7 +265,7 @@ class FleetProvider(Provider):
         tried: set[str] = set()
         last: BaseException | None = None
         for _ in range(max(self.max_attempts, 1)):
-            member = await self._choose(GenerationRequest(messages=[], model=self.model), tried, None)
+            member = self._choose(GenerationRequest(messages=[], model=self.model), tried, None)
             if member is None:
                 break
             tried.add(member.name)

@@ -296,11 +296,15 @@ def _check_schema(schema: dict[str, Any], what: str = "response_format") -> None
         raise ValueError(f"{what} nests too deep to be a usable JSON schema") from None
     except Exception as exc:  # jsonschema's SchemaError: a clear ValueError before anything is sent
         raise ValueError(f"{what} is not a valid JSON schema: {getattr(exc, 'message', exc)}") from None
-    for ref in _refs(schema):
+    nodes = [item for item in _walk(schema) if isinstance(item, dict)]  # every subschema, walked once
+    for node in nodes:
+        ref = node.get("$ref")
+        if not isinstance(ref, str):
+            continue
         if not ref.startswith("#"):
             raise ValueError(f"{what}: only local $refs are supported, not {ref!r}")
         _resolve(schema, ref, what)
-    _refuse_ref_loops(schema, what)
+    _refuse_ref_loops(schema, nodes, what)
 
 
 def _resolve(schema: dict[str, Any], ref: str, what: str) -> Any:
@@ -324,9 +328,8 @@ _SAME_INSTANCE_ONE = ("not", "if", "then", "else")
 _MAX_SCHEMA_NODES = 20_000
 
 
-def _refuse_ref_loops(schema: dict[str, Any], what: str) -> None:
+def _refuse_ref_loops(schema: dict[str, Any], nodes: list[dict[str, Any]], what: str) -> None:
     done: set[int] = set()
-    nodes = [item for item in _walk(schema) if isinstance(item, dict)]
     if len(nodes) > _MAX_SCHEMA_NODES:
         raise ValueError(f"{what} has more than {_MAX_SCHEMA_NODES} subschemas")
     for start in nodes:
@@ -376,21 +379,6 @@ def _walk(node: Any) -> list[Any]:
         elif isinstance(item, list):
             stack.extend(item)
     return out
-
-
-def _refs(node: Any) -> list[str]:
-    found: list[str] = []
-    stack = [node]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            ref = item.get("$ref")
-            if isinstance(ref, str):
-                found.append(ref)
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return found
 
 
 def schema_errors(schema: dict[str, Any] | None, value: Any) -> list[str]:
