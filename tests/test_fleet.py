@@ -587,7 +587,10 @@ def test_a_probe_of_a_refusing_member_is_one_request() -> None:
 
 
 def test_a_member_in_cooldown_gets_no_call_even_as_a_last_resort(servers: list[FakeOpenAIServer]) -> None:
-    with fleet_of(servers[:1], failure_threshold=1, cooldown=60.0) as fleet:
+    # still loading: the background probe that its fall wakes must not bring it back meanwhile
+    servers[0].behavior.fault = "loading_503"
+    member = create_llm("llamacpp", "fake-model", base_url=servers[0].url)
+    with Fleet({"m0": member}, failure_threshold=1, cooldown=60.0) as fleet:
         fleet.members[0].health.failed()
         with pytest.raises(ServerUnavailableError, match="cooling down"):
             fleet.generate("hi", max_tokens=2)

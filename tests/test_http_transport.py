@@ -16,9 +16,13 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import anyio
+import httpx
 import pytest
 
 from abstract_client import LLM, GenerationCancelledError, create_llm
+from abstract_client.http.guard import SocketGuard, current_guard
+from abstract_client.http.transport import GuardedTransport, NoResponseError
 
 from .helpers import FIN_SENT, LoopHold, guard_of, tcp_state, wait_until
 
@@ -325,3 +329,65 @@ def test_a_head_h11_reads_is_read_over_a_real_socket(served: Any, head: bytes) -
     t0 = time.perf_counter()
     assert llm.generate("x", max_tokens=5).content == "tok "
     assert time.perf_counter() - t0 < 10
+
+
+def close_unanswered(conn: Conn) -> None:
+    """The request is read, then the connection closes without a word (a keep-alive timeout
+    firing just as the request arrived)."""
+
+
+def test_a_reused_connection_closed_unanswered_sends_the_request_again(served: Any) -> None:
+    server, llm = served(answer_then(close_unanswered))
+    for _ in range(2):
+        assert llm.generate("x", max_tokens=5).content == "tok "
+    # the second call's request went on the pooled connection, met its close, and went again
+    assert [c.requests for c in server.conns] == [2, 1]
+
+
+def test_a_call_that_says_connection_close_never_leaves_its_connection_pooled() -> None:
+    """The llamacpp lane says ``Connection: close`` (llama-server closes after a streamed answer
+    whatever its headers say): a connection the request gave up must not serve the next call,
+    even when this server would have kept it."""
+    server = ScriptedServer(answer_all)
+    llm = create_llm(
+        "openai-compatible",
+        "m",
+        base_url=server.base_url,
+        max_retries=0,
+        complete_over_stream=True,
+        headers={"Connection": "close"},
+    )
+    try:
+        for _ in range(3):
+            assert llm.generate("x", max_tokens=5).content == "tok "
+    finally:
+        llm.close()
+        server.close()
+    assert [c.requests for c in server.conns] == [1, 1, 1]
+
+
+def test_a_stopped_call_is_never_sent_again_on_a_new_connection(served: Any) -> None:
+    """The sever is what fails a stopped call's request on a pooled connection; that failure looks
+    like a server's close, and must not be taken for one and sent again."""
+    server, _ = served(answer_then(close_unanswered))
+    url = server.base_url + "/chat/completions"
+
+    async def exchange(transport: GuardedTransport) -> None:
+        response = await transport.handle_async_request(httpx.Request("POST", url, json={}))
+        await response.aread()
+        await response.aclose()
+
+    async def main() -> None:
+        transport = GuardedTransport(max_idle=4)
+        await exchange(transport)  # its connection is pooled
+        stopped = SocketGuard()
+        stopped.sever()  # the call was stopped: the pooled socket is severed the moment it is bound
+        reset = current_guard.set(stopped)
+        with pytest.raises(NoResponseError):
+            await exchange(transport)
+        current_guard.reset(reset)
+        await exchange(transport)  # the next call connects afresh
+        await transport.aclose()
+
+    anyio.run(main)
+    assert [c.requests for c in server.conns] == [1, 1]  # no third connection: the stopped call's

@@ -53,6 +53,11 @@ class SocketGuard:
         token.add_hook(self.tell_server, step=Step.TELL)
         token.add_hook(self.sever, step=Step.SEVER)
 
+    @property
+    def stopping(self) -> bool:
+        """A stop has reached this guard (its socket told, severed, or to be severed)."""
+        return self._requested or self.severed_at is not None
+
     def attach(self, sock: socket.socket | None) -> None:
         with self._lock:
             self._sock = sock

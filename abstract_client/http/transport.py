@@ -14,13 +14,16 @@ is handed to the connecting call's guard before the TLS handshake or the first b
 and an idle connection taken from the pool is handed from the guard of the call that released it
 to the guard of the call that takes it. A connection goes back to the pool only when its
 response was read to the end under a keep-alive; a stopped, failed, cancelled or abandoned one is
-closed and never comes back. An idle connection the server has closed (or written to) is
-dropped when it is taken, not used.
+closed and never comes back; so is one whose request said ``Connection: close``. An idle
+connection the server has closed (or written to) is dropped when it is taken, not used; one it
+closes just as the request goes out is met by sending the request once more on a new connection
+(never after a stop).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import select
 import socket
 import ssl
@@ -36,9 +39,11 @@ from anyio.streams.tls import TLSStream
 from ..errors import ProxyError, TLSCertificateError
 from .guard import SocketGuard, current_guard
 from .http11 import HTTPProtocolError, ResponseReader
-from .network import DIRECT, Network, default_ssl_context
+from .network import DIRECT, Network, default_ssl_context, redact_url
 
 __all__ = ["GuardedTransport", "NoResponseError"]
+
+log = logging.getLogger(__name__)
 
 READ_SIZE = 256 * 1024
 _Origin = tuple[str, str, int]
@@ -110,8 +115,26 @@ class GuardedTransport(httpx.AsyncBaseTransport):
         origin: _Origin = (url.scheme, url.raw_host.decode("ascii"), port)  # IDNA-encoded, no brackets
         timeouts: dict[str, float | None] = request.extensions.get("timeout", {})
         conn = await self._take_idle(origin)
-        if conn is None:
-            conn = await self._connect(request, origin, timeouts.get("connect"))
+        if conn is not None:
+            try:
+                return await self._exchange(conn, request, timeouts)
+            except NoResponseError:
+                # A server may close an idle keep-alive connection just as a request goes out on
+                # it (uvicorn, Node and cpp-httplib time idle ones out after 5 s): nothing was
+                # answered, so the request is sent once more on a new connection, as every HTTP
+                # client does. Never after a stop (the sever is what failed it), and only a body
+                # held in memory can be sent again.
+                guard = current_guard.get()
+                if (guard is not None and guard.stopping) or not isinstance(request.stream, httpx.ByteStream):
+                    raise
+                log.debug("%s: the reused connection closed unanswered; sending again", redact_url(str(url)))
+        conn = await self._connect(request, origin, timeouts.get("connect"))
+        return await self._exchange(conn, request, timeouts)
+
+    async def _exchange(
+        self, conn: _Connection, request: httpx.Request, timeouts: dict[str, float | None]
+    ) -> httpx.Response:
+        """Send ``request`` on ``conn`` and read the response's head; the body streams later."""
         conn.bind(current_guard.get())
         reader = ResponseReader(request.method.encode("ascii"))
         try:
@@ -131,10 +154,12 @@ class GuardedTransport(httpx.AsyncBaseTransport):
             await conn.aclose()
             label = self._network.proxy_label
             raise ProxyError(f"proxy {label} wants credentials: 407", proxy=label, status=407)
+        # a request that said "Connection: close" gets a connection of its own, never pooled
+        closes = "close" in {token.strip() for token in request.headers.get("connection", "").lower().split(",")}
         return httpx.Response(
             head.status,
             headers=head.headers,
-            stream=_Body(self, conn, reader, first, request, timeouts.get("read")),
+            stream=_Body(self, conn, reader, first, request, timeouts.get("read"), reuse=not closes),
             extensions={"http_version": head.version, "reason_phrase": head.reason},
         )
 
@@ -274,8 +299,11 @@ class _Body(httpx.AsyncByteStream):
         first: bytes,
         request: httpx.Request,
         timeout: float | None,
+        *,
+        reuse: bool,
     ) -> None:
         self._transport = transport
+        self._reuse = reuse
         self._conn: _Connection | None = conn
         self._reader = reader
         self._first = first
@@ -298,9 +326,9 @@ class _Body(httpx.AsyncByteStream):
         conn, self._conn = self._conn, None
         if conn is None:
             return
-        if self._reader.reusable:
+        if self._reuse and self._reader.reusable:
             await self._transport.release(conn)
-        else:  # stopped, failed, abandoned or not keep-alive: never reused
+        else:  # stopped, failed, abandoned or not keep-alive (either side's): never reused
             await conn.aclose()
 
 
