@@ -74,6 +74,34 @@ def check_messages(messages: object) -> None:
             raise TypeError(
                 f"messages[{i}]['content'] must be a string, a list of parts or None, not {type(content).__name__}"
             )
+        _check_tool_fields(message, i)
+
+
+def _check_tool_fields(message: Mapping[str, Any], i: int) -> None:
+    """A history's tool calls and tool answers, in OpenAI's shape (a server refuses others)."""
+    call_id = message.get("tool_call_id")
+    if call_id is not None and not isinstance(call_id, str):
+        raise TypeError(f"messages[{i}]['tool_call_id'] must be a string, not {type(call_id).__name__}")
+    calls = message.get("tool_calls")
+    if calls is None:
+        return
+    if not isinstance(calls, list):
+        raise TypeError(f"messages[{i}]['tool_calls'] must be a list, not {type(calls).__name__}")
+    for j, call in enumerate(calls):
+        if callable(getattr(call, "to_message", None)):  # a ToolCall of an earlier answer
+            continue
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if (
+            not isinstance(function, Mapping)
+            or not isinstance(call.get("id"), (str, type(None)))
+            or call.get("type") not in ("function", None)
+            or not isinstance(function.get("name"), str)
+            or not isinstance(function.get("arguments"), (str, Mapping))  # Ollama's wire takes an object
+        ):
+            raise TypeError(
+                f"messages[{i}]['tool_calls'][{j}] must be a ToolCall or a function call dict (a string "
+                "'id', 'type' 'function', a 'function' with a string 'name' and 'arguments')"
+            )
 
 
 def _number(value: object, what: str) -> float:

@@ -423,3 +423,25 @@ def test_request_ids_are_scoped_to_their_key() -> None:
             assert wait_until(lambda: httpx.get(record, headers=alices).status_code == 200, 10)
             assert httpx.get(record, headers=alices).json()["reason"] == "cancel_endpoint"
             assert httpx.get(record, headers={"Authorization": "Bearer root-key"}).status_code == 200
+
+
+def test_the_subprocess_fakes_records_survive_an_image_and_deep_json() -> None:
+    """``SubprocessFake.records()`` after a request that carried an image, and after one nested
+    900 deep (its route answered nothing: bytes are not JSON, and ``asdict`` recursed)."""
+    import base64
+    import hashlib
+
+    from abstract_client.testing import SubprocessFake
+
+    png = b"\x89PNG\r\n\x1a\n" + bytes(range(256))
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(png).decode()}}
+    deep: Any = "x"
+    for _ in range(900):
+        deep = [deep]
+    with SubprocessFake() as fake:
+        for content in ([{"type": "text", "text": "what is it?"}, image], "hi"):
+            body = {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": content}], "deep": deep}
+            assert httpx.post(fake.base_url + "/chat/completions", json=body, timeout=30).status_code == 200
+        records = fake.records()
+    assert records[0]["images"] == [{"bytes": len(png), "sha256": hashlib.sha256(png).hexdigest()}]
+    assert len(records) == 2 and all(r["completed"] for r in records)

@@ -84,6 +84,14 @@ def test_library_arguments_of_the_wrong_kind_fail_at_the_call(upstream: FakeOpen
         for bad in ({"a": 1}, None, 5):
             with pytest.raises(TypeError, match="embed"):
                 llm.embed(bad)  # type: ignore[arg-type]
+        user = {"role": "user", "content": "hi"}
+        with pytest.raises(TypeError, match="tool_call_id"):
+            llm.generate(messages=[user, {"role": "tool", "content": "x", "tool_call_id": 5}])
+        with pytest.raises(TypeError, match="tool_calls"):
+            llm.generate(messages=[user, {"role": "assistant", "tool_calls": [{"id": "a", "type": "function"}]}, user])
+        for function in ({"name": "f", "parameters": False}, {"name": "f", "description": 5}):
+            with pytest.raises(TypeError, match="parameters|description"):
+                llm.generate(messages=[user], tools=[{"type": "function", "function": function}])
     assert upstream.requests() == []
 
 
@@ -166,6 +174,19 @@ HOSTILE_FIELDS = {
     "4000-digit seed": '"messages": [{"role": "user", "content": "hi"}], "seed": ' + "9" * 4000,
     "$ref loop": '"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_schema", '
     '"json_schema": {"name": "a", "schema": {"$ref": "#"}}}',
+    # found by schemathesis --checks all: accepted though the document refuses them
+    "model {}": '"messages": [{"role": "user", "content": "hi"}], "model": {}',
+    "reasoning_effort AAA": '"messages": [{"role": "user", "content": "hi"}], "reasoning_effort": "AAA"',
+    "max_tokens past the limit beside max_completion_tokens": '"messages": [{"role": "user", "content": "hi"}], '
+    '"max_completion_tokens": 2, "max_tokens": 99999999999',
+    "tool_call_id {}": '"messages": [{"role": "tool", "content": "x", "tool_call_id": {}}]',
+    "tool call without a function": '"messages": [{"role": "assistant", "tool_calls": [{"id": "a"}]}]',
+    "tool call of type 5": '"messages": [{"role": "assistant", "tool_calls": [{"id": "a", "type": 5, '
+    '"function": {"name": "f", "arguments": "{}"}}]}]',
+    "tool parameters false": '"messages": [{"role": "user", "content": "hi"}], '
+    '"tools": [{"type": "function", "function": {"name": "f", "parameters": false}}]',
+    "tool description 5": '"messages": [{"role": "user", "content": "hi"}], '
+    '"tools": [{"type": "function", "function": {"name": "f", "description": 5}}]',
 }
 
 
@@ -174,14 +195,41 @@ HOSTILE_FIELDS = {
 def test_a_hostile_field_is_a_400_with_nothing_sent_upstream(
     field: str, stream: bool, upstream: FakeOpenAIServer
 ) -> None:
-    body = (
-        '{"model": "fake-model", "max_tokens": 2, "stream": ' + json.dumps(stream) + ", " + HOSTILE_FIELDS[field] + "}"
+    fields = HOSTILE_FIELDS[field]
+    defaults = ('"model": "fake-model", ' if '"model"' not in fields else "") + (
+        '"max_tokens": 2, ' if "max_tokens" not in fields else ""
     )
+    body = "{" + defaults + '"stream": ' + json.dumps(stream) + ", " + fields + "}"
     with gateway_of(upstream) as gw, httpx.Client(base_url=gw.url) as client:
         answer = client.post("/v1/chat/completions", content=body, headers={"Content-Type": "application/json"})
     assert answer.status_code == 400, answer.text[:300]
     assert answer.json()["error"]["type"] == "invalid_request_error"
     assert upstream.requests() == []
+
+
+def test_an_embedding_of_a_model_that_is_not_a_name_is_a_400(upstream: FakeOpenAIServer) -> None:
+    with gateway_of(upstream) as gw:
+        answer = httpx.post(gw.url + "/v1/embeddings", json={"model": {}, "input": "hi"})
+    assert answer.status_code == 400 and "model must be a string" in answer.json()["error"]["message"]
+    assert upstream.requests() == []
+
+
+def test_a_null_field_is_an_absent_one(upstream: FakeOpenAIServer) -> None:
+    """As OpenAI takes them (and as the document says): a null max_completion_tokens leaves
+    max_tokens to speak; a null tool_call_id, parameters or description are not there."""
+    body = {
+        "model": None,
+        "messages": [{"role": "user", "content": "hi", "tool_call_id": None}],
+        "max_completion_tokens": None,
+        "max_tokens": 3,
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": None, "description": None}}],
+        "tool_choice": "none",
+        "n": None,
+    }
+    with gateway_of(upstream) as gw:
+        answer = httpx.post(gw.url + "/v1/chat/completions", json=body)
+    assert answer.status_code == 200, answer.text
+    assert upstream.requests("/v1/chat/completions")[0].body["max_tokens"] == 3
 
 
 def test_an_integral_number_is_an_integer_as_the_schema_says(upstream: FakeOpenAIServer) -> None:

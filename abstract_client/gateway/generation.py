@@ -23,6 +23,7 @@ from .openai_wire import (
     chat_completion,
     error_body,
     generation_args,
+    model_field,
     sse,
     text_completion,
     usage_frame,
@@ -175,6 +176,7 @@ def embeddings_endpoint(gateway: Gateway) -> Callable[[Request], Awaitable[Any]]
                 inputs = [inputs]
             if not isinstance(inputs, list) or not all(isinstance(t, str) for t in inputs):
                 raise BadRequest("input must be a string or a list of strings")
+            model_field(body)
         except BadRequest as err:
             return error_response(err)
         backend = gateway.backend_for(body.get("model"))

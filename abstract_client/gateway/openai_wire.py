@@ -8,6 +8,7 @@ import json
 import time
 from typing import Any
 
+from .._validate import check_generation
 from ..errors import (
     AbstractClientError,
     ContextOverflowError,
@@ -29,6 +30,7 @@ __all__ = [
     "chunk_frames",
     "error_body",
     "generation_args",
+    "model_field",
     "openai_error",
     "text_completion",
     "sse",
@@ -68,8 +70,8 @@ def generation_args(body: Any, *, chat: bool) -> tuple[dict[str, Any], bool, boo
             if body.get(key) is not None:
                 kwargs[key] = body[key]
         effort = body.get("reasoning_effort")
-        if effort is not None and not isinstance(effort, str):
-            raise BadRequest(f"reasoning_effort must be a string, not {type(effort).__name__}")
+        if effort is not None and effort not in (*_EFFORT, "none", "minimal"):
+            raise BadRequest(f"reasoning_effort must be none, minimal, low, medium or high, not {str(effort)[:40]!r}")
         thinking = _object(body, "chat_template_kwargs").get("enable_thinking")
         if effort in _EFFORT:
             kwargs["reasoning"] = effort
@@ -84,9 +86,18 @@ def generation_args(body: Any, *, chat: bool) -> tuple[dict[str, Any], bool, boo
         if not isinstance(prompt, str):
             raise BadRequest("prompt must be a string (one prompt per request)")
         kwargs.update(prompt=prompt, raw=True)
+    model_field(body)
     if body.get("n") not in (None, 1):
         raise BadRequest("n > 1 is not supported")
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    for key in ("max_completion_tokens", "max_tokens"):  # both are checked; the newer name wins
+        value = body.get(key)
+        try:
+            check_generation({"max_tokens": int(value) if isinstance(value, float) and value.is_integer() else value})
+        except (TypeError, ValueError) as exc:
+            raise BadRequest(str(exc).replace("max_tokens", key)) from None
+    max_tokens = body.get("max_completion_tokens")
+    if max_tokens is None:  # absent or null: the older name speaks
+        max_tokens = body.get("max_tokens")
     for key, value in (
         ("max_tokens", max_tokens),
         ("temperature", body.get("temperature")),
@@ -112,6 +123,14 @@ def generation_args(body: Any, *, chat: bool) -> tuple[dict[str, Any], bool, boo
 
 
 _INTEGERS = ("max_tokens", "seed", "top_k", "min_tokens")
+
+
+def model_field(body: dict[str, Any]) -> str | None:
+    """The body's ``model``: a string, or absent/null (a one-backend gateway's own)."""
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise BadRequest(f"model must be a string, not {type(model).__name__}")
+    return model
 
 
 def _object(body: dict[str, Any], key: str) -> dict[str, Any]:

@@ -11,6 +11,12 @@ from .._validate import MAX_DIMENSIONS, MAX_TOKENS_LIMIT
 
 __all__ = ["openapi_document"]
 
+
+def _or_null(schema: dict[str, Any]) -> dict[str, Any]:
+    """An optional field the gateway takes ``null`` for, as if it were absent (as OpenAI does)."""
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
 _ERROR = {
     "type": "object",
     "required": ["error"],
@@ -49,6 +55,51 @@ _ERRORS = {
     )
 }
 _PART = {"type": "object", "required": ["type"], "properties": {"type": {"type": "string"}}}
+_TOOL_CALL = {
+    "type": "object",
+    "required": ["id", "type", "function"],
+    "properties": {
+        "id": {"type": "string"},
+        "type": {"const": "function"},
+        "function": {
+            "type": "object",
+            "required": ["name", "arguments"],
+            "properties": {"name": {"type": "string"}, "arguments": {"type": "string"}},
+        },
+    },
+}
+_HISTORY_CALL = {  # a call of an earlier answer, sent back (its id and type may be left out)
+    "type": "object",
+    "required": ["function"],
+    "properties": {
+        "id": _or_null({"type": "string"}),
+        "type": _or_null({"const": "function"}),
+        "function": {
+            "type": "object",
+            "required": ["name", "arguments"],
+            "properties": {
+                "name": {"type": "string"},
+                "arguments": {"oneOf": [{"type": "string"}, {"type": "object"}]},  # JSON text, or Ollama's object
+            },
+        },
+    },
+}
+_TOOL = {
+    "type": "object",
+    "required": ["type", "function"],
+    "properties": {
+        "type": {"const": "function"},
+        "function": {
+            "type": "object",
+            "required": ["name"],
+            "properties": {
+                "name": {"type": "string", "minLength": 1},  # unique among the tools
+                "description": _or_null({"type": "string"}),
+                "parameters": _or_null({"type": "object"}),  # a JSON Schema (checked against its metaschema)
+            },
+        },
+    },
+}
 _MESSAGE = {
     "type": "object",
     "required": ["role"],
@@ -64,21 +115,23 @@ _MESSAGE = {
                 },
             ]
         },
-        "tool_calls": {"type": "array", "items": {"type": "object"}},
-        "tool_call_id": {"type": "string"},
+        "tool_calls": _or_null({"type": "array", "items": _HISTORY_CALL}),
+        "tool_call_id": _or_null({"type": "string"}),
     },
 }
+
+
 _SAMPLING = {
-    "model": {"type": "string"},
-    "max_tokens": {"type": "integer", "minimum": 1, "maximum": MAX_TOKENS_LIMIT},
-    "max_completion_tokens": {"type": "integer", "minimum": 1, "maximum": MAX_TOKENS_LIMIT},
-    "temperature": {"type": "number", "minimum": 0},
-    "top_p": {"type": "number", "minimum": 0, "maximum": 1},
-    "seed": {"type": "integer", "minimum": -(2**63), "maximum": 2**64 - 1},
-    "stop": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+    "model": _or_null({"type": "string"}),
+    "max_tokens": _or_null({"type": "integer", "minimum": 1, "maximum": MAX_TOKENS_LIMIT}),
+    "max_completion_tokens": _or_null({"type": "integer", "minimum": 1, "maximum": MAX_TOKENS_LIMIT}),
+    "temperature": _or_null({"type": "number", "minimum": 0}),
+    "top_p": _or_null({"type": "number", "minimum": 0, "maximum": 1}),
+    "seed": _or_null({"type": "integer", "minimum": -(2**63), "maximum": 2**64 - 1}),
+    "stop": _or_null({"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}),
     "stream": {"type": "boolean"},
-    "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
-    "n": {"const": 1},
+    "stream_options": _or_null({"type": "object", "properties": {"include_usage": {"type": "boolean"}}}),
+    "n": _or_null({"const": 1}),
 }
 _TEXT = {"type": "string"}
 _REQUEST_ID = {
@@ -87,6 +140,132 @@ _REQUEST_ID = {
     "required": False,
     "schema": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,128}$"},
 }
+
+
+_USAGE = _or_null(
+    {
+        "type": "object",
+        "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
+        "properties": {
+            "prompt_tokens": {"type": "integer", "minimum": 0},
+            "completion_tokens": {"type": "integer", "minimum": 0},
+            "total_tokens": {"type": "integer", "minimum": 0},
+            "prompt_tokens_details": {"type": "object", "properties": {"cached_tokens": {"type": "integer"}}},
+        },
+    }
+)
+# "stop", "length", "tool_calls" (or what else the backend said); null until the last frame
+_FINISH = {"type": ["string", "null"]}
+_TOOL_CALL_DELTA = {
+    "type": "object",
+    "required": ["index", "function"],
+    "properties": {
+        "index": {"type": "integer", "minimum": 0},
+        "id": {"type": "string"},
+        "type": {"const": "function"},
+        "function": {
+            "type": "object",
+            "required": ["arguments"],
+            "properties": {"name": {"type": "string"}, "arguments": {"type": "string"}},
+        },
+    },
+}
+
+
+def _answer(kind: str, choice: dict[str, Any], *, chunk: bool) -> dict[str, Any]:
+    """An answer object: ``choices`` of ``choice``; a stream's last frame may carry only usage."""
+    return {
+        "type": "object",
+        "required": ["id", "object", "created", "model", "choices"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"const": kind},
+            "created": {"type": "integer"},
+            "model": {"type": "string"},
+            "choices": {"type": "array", "maxItems": 1, "items": choice},
+            "usage": _USAGE,
+        },
+        **({} if chunk else {"additionalProperties": False}),
+    }
+
+
+def _choice(required: list[str], properties: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "required": ["index", *required, "finish_reason"],
+        "properties": {"index": {"const": 0}, **properties, "finish_reason": _FINISH},
+        "additionalProperties": False,
+    }
+
+
+_CONTENT = {"type": ["string", "null"]}
+_RESPONSES = {
+    "ChatCompletion": _answer(
+        "chat.completion",
+        _choice(
+            ["message"],
+            {
+                "message": {
+                    "type": "object",
+                    "required": ["role", "content"],
+                    "properties": {
+                        "role": {"const": "assistant"},
+                        "content": _CONTENT,
+                        "reasoning_content": {"type": "string"},
+                        "tool_calls": _or_null({"type": "array", "items": _HISTORY_CALL}),
+                    },
+                    "additionalProperties": False,
+                }
+            },
+        ),
+        chunk=False,
+    ),
+    "ChatCompletionChunk": _answer(
+        "chat.completion.chunk",
+        _choice(
+            ["delta"],
+            {
+                "delta": {
+                    "type": "object",
+                    "properties": {
+                        "content": {"type": "string"},
+                        "reasoning_content": {"type": "string"},
+                        "tool_calls": {"type": "array", "items": _TOOL_CALL_DELTA},
+                    },
+                    "additionalProperties": False,
+                }
+            },
+        ),
+        chunk=True,
+    ),
+    "TextCompletion": _answer("text_completion", _choice(["text"], {"text": _CONTENT}), chunk=False),
+    "TextCompletionChunk": _answer("text_completion", _choice(["text"], {"text": {"type": "string"}}), chunk=True),
+    "Embeddings": {
+        "type": "object",
+        "required": ["object", "data", "model"],
+        "properties": {
+            "object": {"const": "list"},
+            "data": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["object", "index", "embedding"],
+                    "properties": {
+                        "object": {"const": "embedding"},
+                        "index": {"type": "integer", "minimum": 0},
+                        "embedding": {"type": "array", "items": {"type": "number"}},
+                    },
+                },
+            },
+            "model": {"type": "string"},
+            "usage": {"type": "object"},
+        },
+    },
+}
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
 
 
 def _post(summary: str, body: dict[str, Any] | None, ok: dict[str, Any]) -> dict[str, Any]:
@@ -100,11 +279,28 @@ def _post(summary: str, body: dict[str, Any] | None, ok: dict[str, Any]) -> dict
     return {"post": operation}
 
 
-def _json_ok(description: str, *, stream: bool = False) -> dict[str, Any]:
-    content: dict[str, Any] = {"application/json": {"schema": {"type": "object"}}}
-    if stream:
-        content["text/event-stream"] = {"schema": {"type": "string"}}
-    return {"description": description, "content": content}
+def _json_ok(description: str, schema: dict[str, Any] | None = None, *, frame: str | None = None) -> dict[str, Any]:
+    content: dict[str, Any] = {"application/json": {"schema": schema or {"type": "object"}}}
+    if frame is not None:
+        # One server-sent event, as OpenAPI before 3.2 describes an event stream: its data is a
+        # chunk as JSON, an Error if the stream fails, then "[DONE]" (tests/test_gateway_openapi.py
+        # holds real streams to it; schemathesis reads it so too).
+        data = {
+            "type": "string",
+            "contentMediaType": "application/json",
+            "contentSchema": {"oneOf": [_ref(frame), _ref("Error")]},
+        }
+        event = {"type": "object", "required": ["data"], "properties": {"data": {"anyOf": [{"const": "[DONE]"}, data]}}}
+        content["text/event-stream"] = {"schema": event}
+    return {
+        "description": description
+        + (
+            ""
+            if frame is None
+            else f" (stream: SSE; each event's data is a {frame}, then an Error if the stream fails, else [DONE])"
+        ),
+        "content": content,
+    }
 
 
 def openapi_document(*, ui: bool = False) -> dict[str, Any]:
@@ -113,27 +309,29 @@ def openapi_document(*, ui: bool = False) -> dict[str, Any]:
         "required": ["messages"],
         "properties": {
             "messages": {"type": "array", "minItems": 1, "items": {"$ref": "#/components/schemas/Message"}},
-            "tools": {"type": "array", "items": {"type": "object"}},
-            "tool_choice": {
-                "oneOf": [
-                    {"enum": ["auto", "none", "required"]},
-                    {
-                        "type": "object",
-                        "required": ["type", "function"],
-                        "properties": {
-                            "type": {"const": "function"},
-                            "function": {
-                                "type": "object",
-                                "required": ["name"],
-                                "properties": {"name": {"type": "string", "minLength": 1}},
+            "tools": _or_null({"type": "array", "items": _TOOL}),
+            "tool_choice": _or_null(
+                {
+                    "oneOf": [
+                        {"enum": ["auto", "none", "required"]},
+                        {
+                            "type": "object",
+                            "required": ["type", "function"],
+                            "properties": {
+                                "type": {"const": "function"},
+                                "function": {
+                                    "type": "object",
+                                    "required": ["name"],
+                                    "properties": {"name": {"type": "string", "minLength": 1}},
+                                },
                             },
                         },
-                    },
-                ]
-            },
-            "response_format": {"type": "object"},
-            "reasoning_effort": {"enum": ["none", "minimal", "low", "medium", "high"]},
-            "chat_template_kwargs": {"type": "object"},
+                    ]
+                }
+            ),
+            "response_format": _or_null({"type": "object"}),
+            "reasoning_effort": _or_null({"enum": ["none", "minimal", "low", "medium", "high"]}),
+            "chat_template_kwargs": _or_null({"type": "object"}),
             **_SAMPLING,
         },
     }
@@ -146,7 +344,7 @@ def openapi_document(*, ui: bool = False) -> dict[str, Any]:
         "type": "object",
         "required": ["input"],
         "properties": {
-            "model": {"type": "string"},
+            "model": _or_null({"type": "string"}),
             "input": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
             "dimensions": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_DIMENSIONS},
         },
@@ -162,11 +360,17 @@ def openapi_document(*, ui: bool = False) -> dict[str, Any]:
             "description": "OpenAI-compatible; Stop means stop.",
         },
         "paths": {
-            "/v1/chat/completions": _post("a chat answer (stream: SSE)", chat, _json_ok("the answer", stream=True)),
-            "/v1/completions": _post(
-                "a text completion (stream: SSE)", completion, _json_ok("the answer", stream=True)
+            "/v1/chat/completions": _post(
+                "a chat answer (stream: SSE)",
+                chat,
+                _json_ok("the answer", _ref("ChatCompletion"), frame="ChatCompletionChunk"),
             ),
-            "/v1/embeddings": _post("embeddings", embeddings, _json_ok("the vectors")),
+            "/v1/completions": _post(
+                "a text completion (stream: SSE)",
+                completion,
+                _json_ok("the answer", _ref("TextCompletion"), frame="TextCompletionChunk"),
+            ),
+            "/v1/embeddings": _post("embeddings", embeddings, _json_ok("the vectors", _ref("Embeddings"))),
             "/v1/models": get_ok,
             "/v1/models/load": _post("load a backend's model", model_only, _json_ok("loaded")),
             "/v1/models/unload": _post("unload a backend's model (stops its calls)", model_only, _json_ok("unloaded")),
@@ -198,7 +402,7 @@ def openapi_document(*, ui: bool = False) -> dict[str, Any]:
             },
             "/openapi.json": {"get": {"responses": {"200": _json_ok("this document")}}},
         },
-        "components": {"schemas": {"Error": _ERROR, "Message": _MESSAGE}},
+        "components": {"schemas": {"Error": _ERROR, "Message": _MESSAGE, **_RESPONSES}},
     }
     if ui:
         page = {"description": "the chat page", "content": {"text/html": {"schema": {"type": "string"}}}}

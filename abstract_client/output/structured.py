@@ -68,7 +68,11 @@ def _tool_spec(tool: Any) -> dict[str, Any]:
             raise ValueError(f"not a function tool spec: {str(tool)[:200]}")
         if not isinstance(fn.get("name"), str) or not fn["name"]:
             raise ValueError(f"a tool needs a name: {str(tool)[:200]}")
-        parameters = fn.get("parameters") or {"type": "object", "properties": {}}
+        if fn.get("description") is not None and not isinstance(fn["description"], str):
+            raise TypeError(f"tool {fn['name']!r}: description must be a string")
+        parameters = fn.get("parameters")
+        if parameters is None:  # absent or null: a tool that takes nothing (false is not a schema here)
+            parameters = {"type": "object", "properties": {}}
         if not isinstance(parameters, dict):
             raise TypeError(f"tool {fn['name']!r}: parameters must be a JSON-schema object")
         _check_schema(parameters, f"tool {fn['name']!r}'s parameters")

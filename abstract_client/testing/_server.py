@@ -26,8 +26,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
 
+from .._validate import MAX_DIMENSIONS
+
 log = logging.getLogger(__name__)
-MAX_EMBED_DIM = 8192  # like a real server, the fake refuses vectors longer than any model has
+# like a real server, the fake refuses vectors longer than any model has: the library's bound
+MAX_EMBED_DIM = MAX_DIMENSIONS
 
 
 class ClientGone(Exception):
@@ -438,7 +441,7 @@ class FakeServer:
                     continue
                 try:
                     body = json.loads(raw) if raw else None
-                except ValueError:
+                except (ValueError, RecursionError):  # not JSON, or nested past the parser's limit
                     body = raw
                 record = RequestRecord(
                     id=len(self.records),
@@ -478,7 +481,7 @@ class FakeServer:
         body = json.loads(raw) if raw else {}
         if method == "GET" and target == "/_fake/records":
             with self._lock:
-                records = [dataclasses.asdict(r) for r in self.records]
+                records = [_record_json(r) for r in self.records]
             conn.send_json(200, {"records": records, "connections": self.connections})
         elif method == "POST" and target == "/_fake/behavior":
             for key, value in body.items():
@@ -637,6 +640,24 @@ class FakeServer:
 
     def error_body(self, status: int, message: str) -> Any:
         return {"error": {"code": status, "message": message, "type": "server_error"}}
+
+
+def _record_json(record: RequestRecord) -> dict[str, Any]:
+    """A record as JSON for ``GET /_fake/records``: each image as its size and SHA-256 (bytes are
+    not JSON), a body nested too deep to encode as a note (``dataclasses.asdict`` recursed
+    through it and the route answered nothing)."""
+    out = {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
+    out["images"] = [
+        {"bytes": len(image), "sha256": hashlib.sha256(image).hexdigest()} if isinstance(image, bytes) else image
+        for image in record.images
+    ]
+    if isinstance(out["body"], bytes):
+        out["body"] = out["body"].decode("utf-8", "replace")
+    try:
+        json.dumps({"records": [{"body": out["body"]}]})  # as deep as the answer will hold it
+    except (RecursionError, ValueError, TypeError) as exc:
+        out["body"] = {"unencodable": f"{type(exc).__name__}: the body cannot be sent back as JSON"}
+    return out
 
 
 class _CloseConnection(Exception):
