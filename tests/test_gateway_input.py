@@ -90,7 +90,7 @@ def test_library_arguments_of_the_wrong_kind_fail_at_the_call(upstream: FakeOpen
         with pytest.raises(TypeError, match="tool_calls"):
             llm.generate(messages=[user, {"role": "assistant", "tool_calls": [{"id": "a", "type": "function"}]}, user])
         for function in ({"name": "f", "parameters": False}, {"name": "f", "description": 5}):
-            with pytest.raises(TypeError, match="parameters|description"):
+            with pytest.raises(TypeError, match=r"parameters|description"):
                 llm.generate(messages=[user], tools=[{"type": "function", "function": function}])
     assert upstream.requests() == []
 
