@@ -37,7 +37,7 @@ from .contract import (
     run_operation,
 )
 from .contract.retry import RetryPolicy
-from .errors import AbstractClientError, ModelBusyError, StopReason
+from .errors import AbstractClientError, ModelBusyError, NotSupportedError, StopReason
 from .images import ImageLimits, resolve_images
 from .output.structured import normalize_tool_choice, normalize_tools, response_format_from
 from .provider import ModelInfo, Provider, UnloadReport
@@ -87,6 +87,11 @@ class GenerateOptions(TypedDict, total=False):
             are; ``logit_bias`` maps token ids to biases).
         extra: any other lane-specific request fields, sent as they are (unknown keywords are
             treated the same way at run time, but only ``extra`` is typed for them).
+        resumable: the answer outlives a dropped connection: the library reads on from the byte
+            it had, and the caller sees one stream (lanes with ``resumable_streams``: llamacpp;
+            others raise ``NotSupportedError``). A stop then also calls the server's own cancel.
+        resume_timeout: seconds from a drop to the resumed stream (30), then ``TransportError``
+            with the partial text.
     """
 
     messages: list[Message] | None
@@ -104,6 +109,8 @@ class GenerateOptions(TypedDict, total=False):
     response_format: Any
     reasoning: bool | str | None
     raw: bool
+    resumable: bool
+    resume_timeout: float
     plain_wire: bool
     model: str | None
     top_p: float
@@ -213,6 +220,7 @@ class LLM:
             raise ValueError(f"reasoning must be one of {_REASONING}, not {reasoning!r}")
         tool_choice = extra.pop("tool_choice", None)
         response_format = extra.pop("response_format", None)
+        resumable, resume_timeout = self._resumable(extra)
         request = GenerationRequest(
             messages=msgs,
             model=extra.pop("model", None) or self.provider.model,
@@ -228,6 +236,8 @@ class LLM:
             response_format=response_format_from(response_format),
             reasoning=reasoning,
             extra={**(extra.pop("extra", None) or {}), **extra},  # lane-specific fields, sent as they are
+            resumable=resumable,
+            resume_timeout=resume_timeout,
         )
         check_wire_json({"messages": request.messages, "tools": request.tools, "extra": request.extra})
         StopToken.check_sources(cancel_event, signal)  # a TypeError now, never ignored
@@ -244,6 +254,23 @@ class LLM:
         call = self._new_call(spec, request_id)
         call.kind = "text_completion" if spec.request.raw else "chat"
         return call
+
+    def _resumable(self, extra: dict[str, Any]) -> tuple[bool, float]:
+        """``resumable`` / ``resume_timeout``, checked: a lane that cannot resume says so before
+        anything is sent (a dropped stream would otherwise be silently unrecoverable)."""
+        resumable = extra.pop("resumable", False)
+        resume_timeout = extra.pop("resume_timeout", 30.0)
+        if not isinstance(resumable, bool):
+            raise TypeError(f"resumable must be true or false, not {type(resumable).__name__}")
+        if isinstance(resume_timeout, bool) or not isinstance(resume_timeout, (int, float)) or not resume_timeout > 0:
+            raise ValueError(f"resume_timeout must be a number of seconds > 0, not {resume_timeout!r}")
+        if resumable and not self.provider.resumable_streams:
+            raise NotSupportedError(
+                f"the {self.provider.name} lane has no resumable streams (llamacpp does)", provider=self.provider.name
+            )
+        if resumable and extra.get("plain_wire"):
+            raise ValueError("a resumable call is a stream: plain_wire=True cannot be resumed")
+        return resumable, float(resume_timeout)
 
     # -- generation ---------------------------------------------------------------------------
 

@@ -198,6 +198,8 @@ class GenerationRequest:
     response_format: ResponseFormat | None = None
     reasoning: bool | str | None = None  # None: the backend's default
     extra: dict[str, Any] = field(default_factory=dict)
+    resumable: bool = False  # the stream outlives a dropped connection (lanes with resumable_streams)
+    resume_timeout: float = 30.0  # seconds from a drop to the resumed stream
 
 
 @dataclass(frozen=True, slots=True)

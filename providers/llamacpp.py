@@ -15,26 +15,39 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncGenerator
 from typing import Any
 
 import anyio
+import httpx
 
 from abstract_client.errors import NotSupportedError, ProviderProtocolError
+from abstract_client.http.resume import resumed_bytes
+from abstract_client.http.server_cancel import ServerCancels
 from abstract_client.http.wire import expect_stream, json_body, load_frame, sse_events
 from abstract_client.provider import CallContext, Completion, ModelInfo, UnloadReport
+from abstract_client.stopping.token import Step
 from abstract_client.types import GenerationRequest, StreamChunk, Usage
 
-from .openai_compatible import OpenAICompatibleProvider, sampling_fields, server_root, timings_from
+from .openai_compatible import (
+    OpenAICompatibleProvider,
+    resumable_sse_chunks,
+    sampling_fields,
+    server_root,
+    timings_from,
+)
 
 _FINISH = {"eos": "stop", "word": "stop", "limit": "length"}
 _FORBIDDEN_HEADERS = {"x-conversation-id"}
+STOP_REACH_S = 30.0  # how long a resumable stream's stop keeps trying to reach a server it cannot
 
 
 class LlamaCppProvider(OpenAICompatibleProvider):
     """The ``llamacpp`` lane: llama-server over HTTP (see the module docstring)."""
 
     name = "llamacpp"
+    resumable_streams = True  # X-Conversation-Id, GET and DELETE /v1/stream
     complete_over_stream = True  # a stop reaches the server at its next token write
     default_base_url = "http://127.0.0.1:8080"
     chat_path = "/v1/chat/completions"
@@ -47,6 +60,7 @@ class LlamaCppProvider(OpenAICompatibleProvider):
             raise ValueError("X-Conversation-Id makes llama-server keep generating after a stop; it is refused")
         root = server_root(base_url or self.default_base_url)
         super().__init__(base_url=root, headers=headers, **kw)
+        self._cancels = ServerCancels(self.clients)  # a resumable stream's stop: DELETE /v1/stream
         self._router: bool | None = None
         self._tool_calls: bool | None = None
         self._vision: bool | None = None
@@ -57,6 +71,11 @@ class LlamaCppProvider(OpenAICompatibleProvider):
         # with "Server disconnected without sending a response". So every call says it will
         # close; the next one connects afresh (a loopback connect: ~0.1 ms).
         return {"Connection": "close"}
+
+    async def aclose(self) -> None:
+        # a resumable stream's stop must reach its server: its DELETE gets a few seconds to land
+        await anyio.to_thread.run_sync(lambda: self._cancels.close(wait=5.0))
+        await super().aclose()
 
     async def images_refused(self, request: GenerationRequest) -> str | None:
         """``/props`` ``modalities.vision``: without a projector (``--mmproj``) llama-server
@@ -92,9 +111,55 @@ class LlamaCppProvider(OpenAICompatibleProvider):
         return body
 
     def stream(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
+        if request.resumable:
+            return self._stream_resumable(request, ctx)
         if request.raw:
             return self._stream_raw(request, ctx)
         return super().stream(request, ctx)
+
+    async def _stream_resumable(
+        self, request: GenerationRequest, ctx: CallContext
+    ) -> AsyncGenerator[StreamChunk, None]:
+        """A chat stream that outlives its connection: ``X-Conversation-Id`` makes llama-server
+        keep its bytes (and keep decoding) past a disconnect; a drop is resumed from the byte we
+        had (``GET /v1/stream?conv_id=…&from=N``). So a stop must tell the server itself:
+        ``DELETE /v1/stream?conv_id=…`` (its "explicit user Stop") from the stopping thread, and
+        again if the stream ends early any other way (a deadline, an error, a ``break``); the
+        sever follows as on every call."""
+        if request.raw:
+            raise NotSupportedError(
+                "resumable streams are chat streams on llama-server (not raw=True)", provider=self.name
+            )
+        conv_id = f"abstract-client-{ctx.request_id}-{uuid.uuid4().hex[:8]}"
+        body = self.chat_body(request, stream=True)
+        headers = {**(self.call_headers(ctx) or {}), "X-Conversation-Id": conv_id}
+        cancelled = False
+
+        def cancel() -> None:  # from the stopping thread or the loop: never blocks, once
+            nonlocal cancelled
+            if not cancelled:
+                cancelled = True
+                self._cancels.send("DELETE", "/v1/stream", params={"conv_id": conv_id}, retry_for=STOP_REACH_S)
+
+        remove_hook = ctx.token.add_hook(cancel, step=Step.TELL)
+        complete = False
+        try:
+            parts = resumed_bytes(
+                lambda: ctx.stream("POST", self.chat_path, json=body, headers=headers),
+                lambda offset: ctx.stream(
+                    "GET", f"/v1/stream?{httpx.QueryParams(conv_id=conv_id, **{'from': offset})}"
+                ),
+                resume_timeout=request.resume_timeout,
+                token=ctx.token,
+                provider=self.name,
+            )
+            async for chunk in resumable_sse_chunks(parts):
+                yield chunk
+            complete = True
+        finally:
+            remove_hook()
+            if not complete:
+                cancel()
 
     async def _stream_raw(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
         body = self.completion_body(request, stream=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncGenerator, Callable
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, aclosing
 from dataclasses import replace
 from typing import Any
 
@@ -240,6 +240,26 @@ async def openai_sse_chunks(
                     return
                 frame = load_frame(event.data)
                 for chunk in chat_chunks(frame) if mapping is None else [mapping(frame)]:
+                    finished = finished or chunk.finish_reason is not None
+                    yield chunk
+    decoder.end()
+    if not finished:
+        raise ProviderProtocolError("the stream ended before its final frame ([DONE] or a finish_reason)")
+
+
+async def resumable_sse_chunks(parts: AsyncGenerator[bytes, None]) -> AsyncGenerator[StreamChunk, None]:
+    """:func:`openai_sse_chunks` over a resumable stream's bytes (``http.resume.resumed_bytes``):
+    one decoder across every connection the answer took, so a frame cut by a drop is completed
+    by the bytes the resumed connection brings."""
+    finished = False
+    decoder = SSEDecoder()
+    async with aclosing(parts):
+        async for part in parts:
+            for event in decoder.feed(part):
+                if event.data.strip() == "[DONE]":
+                    await drain(parts)
+                    return
+                for chunk in chat_chunks(load_frame(event.data)):
                     finished = finished or chunk.finish_reason is not None
                     yield chunk
     decoder.end()

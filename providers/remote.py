@@ -15,8 +15,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from abstract_client._sync import Portal
 from abstract_client.errors import NotSupportedError
+from abstract_client.http.server_cancel import ServerCancels
 from abstract_client.provider import CallContext, UnloadReport
 from abstract_client.types import GenerationRequest
 
@@ -32,7 +32,7 @@ class RemoteProvider(VLLMProvider):
 
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
-        self._cancels = Portal()  # a loop thread of its own for cancel POSTs, started on the first
+        self._cancels = ServerCancels(self.clients)
 
     def call_headers(self, ctx: CallContext) -> dict[str, str] | None:
         return {"X-Request-Id": ctx.request_id}
@@ -48,21 +48,10 @@ class RemoteProvider(VLLMProvider):
         thread never waits on the network: the POST runs on this lane's own loop thread, through
         the lane's HTTP client (its proxy and TLS settings, and a connection kept warm from one
         cancel to the next)."""
-        self._cancels.submit(lambda: self._post_cancel(request_id))
-
-    async def _post_cancel(self, request_id: str) -> None:
-        assert self.clients is not None
-        await self.clients.prepare()  # this loop's client closes when the loop ends
-        try:
-            response = await self.clients.fetch(
-                "POST", f"/requests/{request_id}/cancel", timeout={"connect": 5.0, "read": 5.0, "write": 5.0}
-            )
-            log.debug("cancel %s: the gateway answered %d", request_id, response.status_code)
-        except Exception:
-            log.debug("cancel endpoint unreachable for %s", request_id, exc_info=True, extra={"request_id": request_id})
+        self._cancels.send("POST", f"/requests/{request_id}/cancel")
 
     async def aclose(self) -> None:
-        self._cancels.shutdown(timeout=0)  # a cancel POST in flight is not waited for
+        self._cancels.close()
         await super().aclose()
 
     async def load_model(self) -> None:

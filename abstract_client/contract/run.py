@@ -106,7 +106,7 @@ async def complete(call: Call) -> Completion:
     here, into the same ``Completion`` (content, usage, timings, finish_reason, model)."""
     provider, request = call.provider, call.wire_request
     progress = call.progress
-    if provider.plain_route and (not provider.complete_over_stream or request.plain_wire):
+    if provider.plain_route and not request.resumable and (not provider.complete_over_stream or request.plain_wire):
         progress.assembled = False
         return await provider.complete(request, call.ctx)
     progress.restart()

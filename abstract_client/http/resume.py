@@ -1,0 +1,96 @@
+"""The bytes of a resumable stream: one answer across the connections it takes.
+
+A server that keeps a stream's bytes past a disconnect (llama-server with ``X-Conversation-Id``
+and ``GET /v1/stream?conv_id=…&from=N``; a Responses API ``background`` response) lets a client
+whose connection dropped read on from the byte it had. This generator is that client's side:
+it yields the body of the first response; when the connection drops before the body ended
+(reset, a proxy's cut, an idle close), it opens ``reopen(offset)`` — ``offset`` the count of
+body bytes already yielded — and yields on, so a decoder fed from it sees one byte stream: no
+byte lost or repeated, whatever frame the cut fell in.
+
+Bounded: ``resume_timeout`` seconds from a drop to a reopened stream (attempts back off from
+50 ms to 1 s); then a :class:`TransportError`. Never after a stop: the token is checked
+before each attempt, a stop ends the pause between attempts at once, and a reopened connection
+is the call's, which the stop severs. The stop's other half — the server's own cancel, for a stream that outlives its
+connection — is the lane's (``ServerCancels``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncGenerator, Callable
+from contextlib import AbstractAsyncContextManager
+
+import anyio
+import httpx
+
+from ..errors import TransportError
+from ..stopping.loop import loop_caller
+from ..stopping.token import StopToken
+from .wire import expect_stream
+
+__all__ = ["resumed_bytes"]
+
+log = logging.getLogger(__name__)
+
+# what a dropped connection raises, reading on or connecting anew
+_DROPS = (httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError, httpx.ConnectError, httpx.ConnectTimeout)
+
+
+async def resumed_bytes(
+    first: Callable[[], AbstractAsyncContextManager[httpx.Response]],
+    reopen: Callable[[int], AbstractAsyncContextManager[httpx.Response]],
+    *,
+    resume_timeout: float,
+    token: StopToken,
+    provider: str,
+) -> AsyncGenerator[bytes, None]:
+    offset = 0
+    opening = first()
+    dropped_at: float | None = None
+    delay = 0.05
+    resumes = 0
+    while True:
+        try:
+            async with opening as resp:
+                if resumes and resp.status_code in (400, 404, 410):  # expired, evicted, or cancelled
+                    raise TransportError(
+                        f"the server no longer holds the stream (HTTP {resp.status_code} at byte {offset})",
+                        provider=provider,
+                    )
+                await expect_stream(resp)
+                dropped_at, delay = None, 0.05
+                async for part in resp.aiter_bytes():
+                    offset += len(part)
+                    yield part
+            return
+        except _DROPS as exc:
+            if token.is_set:
+                raise
+            now = anyio.current_time()
+            dropped_at = now if dropped_at is None else dropped_at
+            if now - dropped_at >= resume_timeout:
+                raise TransportError(
+                    f"the stream dropped at byte {offset} and could not be resumed within {resume_timeout:g} s "
+                    f"({type(exc).__name__}: {exc})",
+                    provider=provider,
+                ) from exc
+            log.info("%s: the stream dropped at byte %d (%s); resuming", provider, offset, type(exc).__name__)
+            if not await _pause(min(delay, max(0.0, dropped_at + resume_timeout - now)), token):
+                raise  # stopped in the pause: the contract makes it the stop
+            delay = min(delay * 2, 1.0)
+            resumes += 1
+            opening = reopen(offset)
+
+
+async def _pause(seconds: float, token: StopToken) -> bool:
+    """Sleep ``seconds``; a stop ends the sleep at once (the stream's reads have no cancel scope:
+    a sever ends them, and nothing severs a sleep). False if the stop came."""
+    call_soon = loop_caller()
+    with anyio.CancelScope() as scope:
+        remove = token.add_hook(lambda: call_soon(scope.cancel))
+        try:
+            await anyio.sleep(seconds)
+        finally:
+            remove()
+    return not token.is_set
