@@ -6,8 +6,9 @@
   (SSE frames without ``[DONE]``; the last frame has ``"stop": true``), no chat template applied.
 * Stop: llama-server polls each connection about once a second and cancels the task at the next
   ``n_batch`` boundary when it sees the connection closed (log ``srv stop: cancel task``), so a
-  severed private connection is all it needs. We never send ``X-Conversation-Id``: with it the
-  server keeps generating after a disconnect (resumable streams).
+  severed private connection is all it needs. ``X-Conversation-Id`` is sent only for
+  ``resumable=True`` (docs/resumable.md): with it the server keeps generating after a disconnect,
+  so that call's stop also sends ``DELETE /v1/stream``; a user's own header is refused.
 * Models: single-model servers cannot unload (``NotSupportedError``, after our in-flight calls
   were stopped); router-mode servers (started without ``-m``) load/unload via ``/models/load``
   and ``/models/unload``.
@@ -24,12 +25,12 @@ import httpx
 
 from abstract_client.errors import NotSupportedError, ProviderProtocolError
 from abstract_client.http.resume import resumed_bytes
-from abstract_client.http.server_cancel import ServerCancels
 from abstract_client.http.wire import expect_stream, json_body, load_frame, sse_events
 from abstract_client.provider import CallContext, Completion, ModelInfo, UnloadReport
 from abstract_client.stopping.token import Step
 from abstract_client.types import GenerationRequest, StreamChunk, Usage
 
+from ._server_cancel import ServerCancels
 from .openai_compatible import (
     OpenAICompatibleProvider,
     resumable_sse_chunks,
@@ -57,7 +58,10 @@ class LlamaCppProvider(OpenAICompatibleProvider):
 
     def __init__(self, *, base_url: str | None = None, headers: dict[str, str] | None = None, **kw: Any) -> None:
         if headers and _FORBIDDEN_HEADERS & {h.lower() for h in headers}:
-            raise ValueError("X-Conversation-Id makes llama-server keep generating after a stop; it is refused")
+            raise ValueError(
+                "X-Conversation-Id makes llama-server keep generating after a stop; it is refused "
+                "(resumable=True sends its own, and stops it with DELETE /v1/stream)"
+            )
         root = server_root(base_url or self.default_base_url)
         super().__init__(base_url=root, headers=headers, **kw)
         self._cancels = ServerCancels(self.clients)  # a resumable stream's stop: DELETE /v1/stream
@@ -141,7 +145,9 @@ class LlamaCppProvider(OpenAICompatibleProvider):
                 cancelled = True
                 self._cancels.send("DELETE", "/v1/stream", params={"conv_id": conv_id}, retry_for=STOP_REACH_S)
 
-        remove_hook = ctx.token.add_hook(cancel, step=Step.TELL)
+        # after the hand-off: the woken caller raises first, then the DELETE is sent
+        self._cancels.warm()
+        remove_hook = ctx.token.add_hook(cancel, step=Step.SEVER)
         complete = False
         try:
             parts = resumed_bytes(

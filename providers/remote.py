@@ -16,10 +16,10 @@ import logging
 from typing import Any
 
 from abstract_client.errors import NotSupportedError
-from abstract_client.http.server_cancel import ServerCancels
 from abstract_client.provider import CallContext, UnloadReport
 from abstract_client.types import GenerationRequest
 
+from ._server_cancel import ServerCancels
 from .vllm import VLLMProvider
 
 log = logging.getLogger(__name__)

@@ -18,8 +18,8 @@ from typing import Any
 import anyio
 import httpx
 
-from .._sync import Portal
-from .clients import HttpClients
+from abstract_client._sync import Portal
+from abstract_client.http.clients import HttpClients
 
 __all__ = ["ServerCancels"]
 
@@ -35,6 +35,10 @@ class ServerCancels:
         self._portal = Portal()  # its loop thread starts with the first cancel
         self._pending = 0
         self._idle = threading.Condition()
+
+    def warm(self) -> None:
+        """Start the loop thread now, so that a stop does not pay for it."""
+        _ = self._portal.loop
 
     def send(self, method: str, path: str, *, params: dict[str, str] | None = None, retry_for: float = 0.0) -> None:
         """Send ``method path`` soon, from the loop thread; never blocks the caller."""
