@@ -359,13 +359,15 @@ def test_an_error_surfacing_from_a_stopped_member_is_not_its_failure() -> None:
     members = {f"s{i}": LLM(SeveredProvider.make()) for i in range(2)}  # type: ignore[arg-type]
     with Fleet(members, failure_threshold=1) as fleet:
         for i in range(20):
-            # stopped from another thread while the caller waits for the next chunk (the read in flight)
+            # stopped from another thread while the caller waits for the next chunk (the read in
+            # flight); the timer starts at the first chunk, when a member holds the call (one
+            # started before could fire before the call was admitted: then no member had it)
             event = threading.Event()
-            timer = threading.Timer(0.02 + 0.003 * i, event.set)
-            timer.start()
+            timer = threading.Timer(0.003 * i, event.set)
             with pytest.raises(GenerationCancelledError):
-                for _ in fleet.stream("hi", cancel_event=event):
-                    pass
+                for n, _ in enumerate(fleet.stream("hi", cancel_event=event)):
+                    if n == 0:
+                        timer.start()
             timer.join()
         assert wait_until(lambda: all(m["in_flight"] == 0 for m in fleet.status()["members"]), 10)
         status = fleet.status()["members"]
