@@ -8,6 +8,7 @@ is missing, these tests FAIL with the reason (run ``scripts/get_llama_server.sh`
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import time
@@ -196,11 +197,17 @@ def test_non_streaming_stop_reaches_the_server_within_a_token(lm: LLM, llama: Ll
     assert decoded_by_server <= received + 3, (decoded_by_server, received)
 
 
-def test_back_to_back_calls_never_reuse_a_connection_llama_server_is_closing(lm: LLM) -> None:
+def test_back_to_back_calls_never_reuse_a_connection_llama_server_is_closing(
+    lm: LLM, caplog: pytest.LogCaptureFixture
+) -> None:
     """llama-server closes its side right after a streamed answer, whatever its Keep-Alive header
     says; a pooled connection reused in that instant failed with "Server disconnected without
-    sending a response" (about every other call). Every call now asks for its own connection."""
+    sending a response" (about every other call). Every call now asks for its own connection, so
+    the transport never has to send a request again on a new one (that would be a request
+    written into a closing socket, and a round trip lost)."""
+    caplog.set_level(logging.DEBUG, logger="abstract_client.http.transport")
     for _ in range(30):
         with lm.stream(messages=CAPITAL, max_tokens=3) as stream:
             assert [c for c in stream]
         assert lm.generate(messages=CAPITAL, max_tokens=3).content  # type: ignore[arg-type]
+    assert not [r for r in caplog.records if "sending again" in r.getMessage()]
