@@ -87,9 +87,10 @@ class GenerateOptions(TypedDict, total=False):
             are; ``logit_bias`` maps token ids to biases).
         extra: any other lane-specific request fields, sent as they are (unknown keywords are
             treated the same way at run time, but only ``extra`` is typed for them).
-        resumable: the answer outlives a dropped connection: the library reads on from the byte
-            it had, and the caller sees one stream (lanes with ``resumable_streams``: llamacpp;
-            others raise ``NotSupportedError``). A stop then also calls the server's own cancel.
+        resumable: the answer outlives a dropped connection: the library reads on from where
+            it was, and the caller sees one stream (lanes with ``resumable_streams``: llamacpp,
+            vllm, and any lane with ``wire="responses"`` (a background response); others raise
+            ``NotSupportedError``). A stop then also calls the server's own cancel.
         resume_timeout: seconds from a drop to the resumed stream (30), then ``TransportError``
             with the partial text.
     """
@@ -266,7 +267,8 @@ class LLM:
             raise ValueError(f"resume_timeout must be a number of seconds > 0, not {resume_timeout!r}")
         if resumable and not self.provider.resumable_streams:
             raise NotSupportedError(
-                f"the {self.provider.name} lane has no resumable streams (llamacpp does)", provider=self.provider.name
+                f"the {self.provider.name} lane has no resumable streams (llamacpp and vllm have; "
+                "an openai-compatible server with create_llm(..., wire='responses') may)", provider=self.provider.name
             )
         if resumable and extra.get("plain_wire"):
             raise ValueError("a resumable call is a stream: plain_wire=True cannot be resumed")

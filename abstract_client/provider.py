@@ -160,7 +160,7 @@ class Provider(abc.ABC):
     in_process: ClassVar[bool] = False  # the engine runs in this process (one gateway worker only)
     # True: ``resumable=True`` calls are served (the stream outlives a dropped connection and is
     # read on from where it dropped; a stop calls the server's own cancel route as well)
-    resumable_streams: ClassVar[bool] = False
+    resumable_streams: bool = False
     default_embed_batch_size: int = 32  # inputs per embeddings request (client-side batching)
 
     def __init__(self, *, model: str | None, clients: HttpClients | None = None) -> None:

@@ -40,12 +40,22 @@ class ServerCancels:
         """Start the loop thread now, so that a stop does not pay for it."""
         _ = self._portal.loop
 
-    def send(self, method: str, path: str, *, params: dict[str, str] | None = None, retry_for: float = 0.0) -> None:
-        """Send ``method path`` soon, from the loop thread; never blocks the caller."""
+    def send(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, str] | None = None,
+        retry_for: float = 0.0,
+        retry_statuses: tuple[int, ...] = (),
+    ) -> None:
+        """Send ``method path`` soon, from the loop thread; never blocks the caller. Within
+        ``retry_for`` seconds, an unreachable server and an answer in ``retry_statuses`` (a 404
+        for what the server has not registered yet) are tried again."""
         target = f"{path}?{httpx.QueryParams(params)}" if params else path
         with self._idle:
             self._pending += 1
-        self._portal.submit(lambda: self._counted(self._send(method, target, retry_for)))
+        self._portal.submit(lambda: self._counted(self._send(method, target, retry_for, retry_statuses)))
 
     async def _counted(self, sending: Coroutine[Any, Any, None]) -> None:
         try:
@@ -55,7 +65,7 @@ class ServerCancels:
                 self._pending -= 1
                 self._idle.notify_all()
 
-    async def _send(self, method: str, target: str, retry_for: float) -> None:
+    async def _send(self, method: str, target: str, retry_for: float, retry_statuses: tuple[int, ...]) -> None:
         assert self._clients is not None
         await self._clients.prepare()  # this loop's client closes when the loop ends
         delay = 0.05
@@ -64,7 +74,8 @@ class ServerCancels:
                 try:
                     response = await self._clients.fetch(method, target, timeout=_TIMEOUTS)
                     log.debug("%s %s: the server answered %d", method, target, response.status_code)
-                    return
+                    if response.status_code not in retry_statuses or not retry_for:
+                        return
                 except httpx.TransportError as exc:  # unreachable (yet): the stop must still land
                     if not retry_for:
                         log.debug("%s %s: unreachable (%s)", method, target, exc)

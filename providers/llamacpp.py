@@ -30,8 +30,8 @@ from abstract_client.provider import CallContext, Completion, ModelInfo, UnloadR
 from abstract_client.stopping.token import Step
 from abstract_client.types import GenerationRequest, StreamChunk, Usage
 
-from ._server_cancel import ServerCancels
 from .openai_compatible import (
+    STOP_REACH_S,
     OpenAICompatibleProvider,
     resumable_sse_chunks,
     sampling_fields,
@@ -41,7 +41,6 @@ from .openai_compatible import (
 
 _FINISH = {"eos": "stop", "word": "stop", "limit": "length"}
 _FORBIDDEN_HEADERS = {"x-conversation-id"}
-STOP_REACH_S = 30.0  # how long a resumable stream's stop keeps trying to reach a server it cannot
 
 
 class LlamaCppProvider(OpenAICompatibleProvider):
@@ -64,7 +63,6 @@ class LlamaCppProvider(OpenAICompatibleProvider):
             )
         root = server_root(base_url or self.default_base_url)
         super().__init__(base_url=root, headers=headers, **kw)
-        self._cancels = ServerCancels(self.clients)  # a resumable stream's stop: DELETE /v1/stream
         self._router: bool | None = None
         self._tool_calls: bool | None = None
         self._vision: bool | None = None
@@ -75,11 +73,6 @@ class LlamaCppProvider(OpenAICompatibleProvider):
         # with "Server disconnected without sending a response". So every call says it will
         # close; the next one connects afresh (a loopback connect: ~0.1 ms).
         return {"Connection": "close"}
-
-    async def aclose(self) -> None:
-        # a resumable stream's stop must reach its server: its DELETE gets a few seconds to land
-        await anyio.to_thread.run_sync(lambda: self._cancels.close(wait=5.0))
-        await super().aclose()
 
     async def images_refused(self, request: GenerationRequest) -> str | None:
         """``/props`` ``modalities.vision``: without a projector (``--mmproj``) llama-server

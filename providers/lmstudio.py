@@ -1,6 +1,7 @@
 """The "lmstudio" lane: LM Studio's ``/v1/chat/completions`` by default; its native
 ``/api/v1/chat`` (named SSE events ending with ``chat.end``, no ``[DONE]``) when the caller asks
-for native features (``native=True``, or ``reasoning=...``).
+for native features (``native=True``, or ``reasoning=...``); ``wire="responses"`` its
+``/v1/responses``.
 
 * Errors: LM Studio answers unknown routes with HTTP 200 and an ``error`` body, uses both string
   and object ``error`` shapes, and says "No models loaded" when nothing is loaded; all are typed.
@@ -47,12 +48,14 @@ class LMStudioProvider(OpenAICompatibleProvider):
         root = server_root(base_url or self.default_base_url)
         super().__init__(base_url=root, **kw)
 
-    @staticmethod
-    def wants_native(request: GenerationRequest) -> bool:
+    def wants_native(self, request: GenerationRequest) -> bool:
         """The native route for ``native=True``, and for ``reasoning=`` on a plain chat (it has
-        no tools and no structured output: those stay on ``/v1``)."""
+        no tools and no structured output: those stay on ``/v1``) unless the lane speaks the
+        Responses wire (which carries reasoning itself)."""
         if request.extra.get("native"):
             return True
+        if self.wire == "responses":
+            return False
         return request.reasoning is not None and not request.tools and request.response_format is None
 
     async def images_refused(self, request: GenerationRequest) -> str | None:

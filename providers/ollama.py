@@ -6,7 +6,8 @@
 * The final object's ``done_reason``, ``prompt_eval_count``, ``eval_count`` and nanosecond
   durations become ``finish_reason``, usage and timings (ms).
 * ``raw=True`` with a plain prompt uses ``/api/generate`` with ``raw: true`` (no template).
-* ``use_openai_api=True`` uses Ollama's ``/v1/chat/completions`` instead (the openai wire code).
+* ``use_openai_api=True`` uses Ollama's ``/v1/chat/completions`` instead (the openai wire code);
+  ``wire="responses"`` its ``/v1/responses`` (the Responses wire code).
 * Where the stop takes effect: Ollama ≥ 0.30 proxies to llama-server, so a closed connection
   stops streaming, non-streaming and prefill (at the next batch). Before 0.30 the Go runner
   finishes prompt evaluation first: the caller gets the stop at once, the server keeps computing
@@ -90,7 +91,7 @@ class OllamaProvider(OpenAICompatibleProvider):
     ) -> None:
         root = server_root(base_url or self.default_base_url)
         super().__init__(base_url=root, **kw)
-        self.use_openai_api = use_openai_api
+        self.use_openai_api = use_openai_api or self.wire == "responses"  # both are the /v1 wire code
         self.unload_poll_timeout = unload_poll_timeout
 
     def native_body(self, request: GenerationRequest, *, stream: bool) -> tuple[str, dict[str, Any]]:

@@ -1,24 +1,33 @@
 """The "openai-compatible" lane: POST {base_url}/chat/completions, shared by every /v1 server.
 
-llama-server, vLLM and LM Studio reuse this wire mapping (subclasses add their fields).
+llama-server, vLLM, LM Studio and Ollama reuse this wire mapping (subclasses add their fields).
+``wire="responses"`` carries the same calls over the OpenAI Responses API instead
+(``POST {base_url}/responses``, mapped in ``_responses.py``), and makes ``resumable=True``
+calls possible: a ``background`` response read on after a drop (``starting_after``) and
+stopped by ``POST /responses/{id}/cancel`` as well as the sever.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import uuid
 from collections.abc import AsyncGenerator, Callable
 from contextlib import AbstractAsyncContextManager, aclosing
 from dataclasses import replace
-from typing import Any
+from typing import Any, Literal
 
+import anyio
 import httpx
 
-from abstract_client.errors import ProviderProtocolError
+from abstract_client.errors import NotSupportedError, ProviderProtocolError, TransportError
 from abstract_client.http.clients import HttpClients
 from abstract_client.http.network import CertTypes, NetworkSettings, VerifyTypes
+from abstract_client.http.resume import resumed_items
 from abstract_client.http.sse import SSEDecoder
 from abstract_client.http.wire import drain, expect_stream, json_body, load_frame, poll_until_ready
 from abstract_client.provider import CallContext, Completion, EmbeddingBatch, ModelInfo, Provider
+from abstract_client.stopping.token import Step
 from abstract_client.types import (
     GenerationRequest,
     Message,
@@ -29,6 +38,21 @@ from abstract_client.types import (
     ToolCallDelta,
     Usage,
 )
+
+from ._responses import (
+    ResponseEvents,
+    completion_from_response,
+    response_events,
+    responses_body,
+    responses_sse_chunks,
+)
+from ._server_cancel import ServerCancels
+
+log = logging.getLogger(__name__)
+
+Wire = Literal["chat", "responses"]
+WIRES: tuple[str, ...] = ("chat", "responses")
+STOP_REACH_S = 30.0  # how long a stop of a stream that outlives its connection keeps trying its server
 
 
 def server_root(base_url: str) -> str:
@@ -295,11 +319,15 @@ class OpenAICompatibleProvider(Provider):
     models_path = "/models"
     ready_path = "/models"
     embeddings_path = "/embeddings"
+    # True: the server takes a response's id from the request (vLLM's ``request_id``), so a stop
+    # that comes before its first event still knows what to cancel
+    names_responses: bool = False
 
     def __init__(
         self,
         *,
         model: str | None = None,
+        wire: Wire = "chat",
         base_url: str | None = None,
         api_key: str | None = None,
         connect_timeout: float | None = 10.0,
@@ -321,6 +349,12 @@ class OpenAICompatibleProvider(Provider):
                 base_url or self.default_base_url, headers=all_headers, connect_timeout=connect_timeout, network=network
             ),
         )
+        if wire not in WIRES:
+            raise ValueError(f"wire must be one of {', '.join(map(repr, WIRES))}, not {wire!r}")
+        self.wire = wire
+        # a Responses server keeps a background response past a disconnect (resumable=True)
+        self.resumable_streams = self.resumable_streams or wire == "responses"
+        self._cancels = ServerCancels(self.clients)  # the server's own cancel, for a stop
         self.extra_body = dict(extra_body or {})  # fields sent in every request body (create_llm(extra_body=))
         if complete_over_stream is not None:  # per instance: unknown /v1 servers default to plain
             self.complete_over_stream = complete_over_stream
@@ -360,14 +394,107 @@ class OpenAICompatibleProvider(Provider):
             fields["reasoning_effort"] = reasoning
         return fields
 
+    @property
+    def responses_path(self) -> str:
+        """``/v1/responses`` beside the lane's chat route."""
+        return self.chat_path.replace("/chat/completions", "/responses")
+
+    def responses_request_body(self, request: GenerationRequest, *, stream: bool) -> dict[str, Any]:
+        body = responses_body(request, stream=stream)
+        body.update(self.extra_body)
+        body.update(request.extra)
+        return body
+
     def stream(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
+        if request.resumable:
+            return self._stream_background(request, ctx)
+        if self.wire == "responses":
+            body = self.responses_request_body(request, stream=True)
+            return responses_sse_chunks(
+                ctx.stream("POST", self.responses_path, json=body, headers=self.call_headers(ctx))
+            )
         body = self.chat_body(request, stream=True)
         return openai_sse_chunks(ctx.stream("POST", self.chat_path, json=body, headers=self.call_headers(ctx)))
 
     async def complete(self, request: GenerationRequest, ctx: CallContext) -> Completion:
+        if self.wire == "responses":
+            body = self.responses_request_body(request, stream=False)
+            resp = await ctx.request("POST", self.responses_path, json=body, headers=self.call_headers(ctx))
+            return completion_from_response(json_body(resp))
         body = self.chat_body(request, stream=False)
         resp = await ctx.request("POST", self.chat_path, json=body, headers=self.call_headers(ctx))
         return completion_from(json_body(resp))
+
+    async def _stream_background(
+        self, request: GenerationRequest, ctx: CallContext
+    ) -> AsyncGenerator[StreamChunk, None]:
+        """A Responses ``background`` stream: the server generates on past a disconnect and keeps
+        the events, so a drop is read on after the last event handed out (``GET
+        {responses}/{id}?stream=true&starting_after=N``), and a stop must tell the server itself:
+        ``POST {responses}/{id}/cancel`` from the stopping thread (again if the stream ends early
+        any other way: a deadline, an error, a ``break``), the sever following as on every call."""
+        if request.raw:
+            raise NotSupportedError("resumable streams are chat calls (not raw=True)", provider=self.name)
+        body = self.responses_request_body(request, stream=True)
+        body.update(background=True, store=True)  # a background response must be stored
+        events = ResponseEvents()
+        if self.names_responses:
+            events.response_id = body["request_id"] = f"resp_abstract-client-{ctx.request_id}-{uuid.uuid4().hex[:8]}"
+        cancelled = False
+
+        def cancel() -> None:  # from the stopping thread or the loop: never blocks, once
+            nonlocal cancelled
+            if cancelled:
+                return
+            if events.response_id is None:  # nothing named it yet: the sever is all there is
+                log.warning("%s: stopped before the server named the background response", self.name)
+                return
+            cancelled = True
+            # 404: the server may not have registered the response yet (the stop came first)
+            path = f"{self.responses_path}/{events.response_id}/cancel"
+            self._cancels.send("POST", path, retry_for=STOP_REACH_S, retry_statuses=(404,))
+
+        def reopen(after: int | None) -> AbstractAsyncContextManager[httpx.Response]:
+            if events.response_id is None:
+                raise TransportError(
+                    "the connection dropped before the server named the response: it cannot be resumed",
+                    provider=self.name,
+                )
+            params = {"stream": "true"} if after is None else {"stream": "true", "starting_after": str(after)}
+            return ctx.stream("GET", f"{self.responses_path}/{events.response_id}?{httpx.QueryParams(params)}")
+
+        self._cancels.warm()  # after the hand-off: the woken caller raises first, then the cancel is sent
+        remove_hook = ctx.token.add_hook(cancel, step=Step.SEVER)
+        complete = False
+        try:
+            items = resumed_items(
+                lambda: ctx.stream("POST", self.responses_path, json=body, headers=self.call_headers(ctx)),
+                reopen,
+                read=response_events,
+                advance=_sequence_after,
+                start=None,
+                where=lambda after: "the first event" if after is None else f"event {after}",
+                resume_timeout=request.resume_timeout,
+                token=ctx.token,
+                provider=self.name,
+            )
+            async with aclosing(items):
+                async for event in items:
+                    for chunk in events.chunks(event):
+                        yield chunk
+            if not events.finished:
+                raise ProviderProtocolError("the responses stream ended before its final event (response.completed)")
+            complete = True
+        finally:
+            remove_hook()
+            if not complete:
+                cancel()
+
+    async def aclose(self) -> None:
+        # a stop of a stream that outlives its connection must reach its server: its cancel gets
+        # a few seconds to land
+        await anyio.to_thread.run_sync(lambda: self._cancels.close(wait=5.0))
+        await super().aclose()
 
     async def embed(
         self, texts: list[str], ctx: CallContext, *, model: str | None, dimensions: int | None = None
@@ -397,3 +524,9 @@ class OpenAICompatibleProvider(Provider):
     async def wait_ready(self, timeout: float) -> None:
         assert self.clients is not None
         await poll_until_ready(self.clients.get(), self.ready_path, timeout, provider=self.name)
+
+
+def _sequence_after(last: int | None, event: Any) -> int | None:
+    """The position a resume starts after: the ``sequence_number`` of the last event handed out."""
+    sequence = event.get("sequence_number") if isinstance(event, dict) else None
+    return sequence if isinstance(sequence, int) and not isinstance(sequence, bool) else last

@@ -19,7 +19,6 @@ from abstract_client.errors import NotSupportedError
 from abstract_client.provider import CallContext, UnloadReport
 from abstract_client.types import GenerationRequest
 
-from ._server_cancel import ServerCancels
 from .vllm import VLLMProvider
 
 log = logging.getLogger(__name__)
@@ -30,9 +29,13 @@ class RemoteProvider(VLLMProvider):
 
     name = "remote"
 
-    def __init__(self, **kw: Any) -> None:
+    resumable_streams = False  # the gateway's /v1/responses is not served yet
+    names_responses = False
+
+    def __init__(self, *, wire: str = "chat", **kw: Any) -> None:
+        if wire != "chat":
+            raise ValueError("the remote lane speaks the gateway's chat wire (wire='chat')")
         super().__init__(**kw)
-        self._cancels = ServerCancels(self.clients)
 
     def call_headers(self, ctx: CallContext) -> dict[str, str] | None:
         return {"X-Request-Id": ctx.request_id}
@@ -49,10 +52,6 @@ class RemoteProvider(VLLMProvider):
         the lane's HTTP client (its proxy and TLS settings, and a connection kept warm from one
         cancel to the next)."""
         self._cancels.send("POST", f"/requests/{request_id}/cancel")
-
-    async def aclose(self) -> None:
-        self._cancels.close()
-        await super().aclose()
 
     async def load_model(self) -> None:
         await self.post_json("/models/load", {"model": self.model})

@@ -10,6 +10,10 @@
   "maximum context length" → ``ContextOverflowError``.
 * Stop: vLLM aborts the request when the connection closes — streaming, non-streaming and during
   (chunked) prefill, at the next engine step.
+* ``wire="responses"``: ``/v1/responses`` instead of chat. ``resumable=True`` (any wire) is a
+  Responses ``background`` response named by our ``request_id``: read on after a drop with
+  ``starting_after``, stopped with ``POST /v1/responses/{id}/cancel`` (a background response
+  ignores the disconnect); the server needs ``VLLM_ENABLE_RESPONSES_API_STORE=1``.
 * Readiness: connection refused while loading, then ``/health`` 200. One model per process, so
   ``unload_model`` stops our in-flight calls and raises ``NotSupportedError``.
 """
@@ -32,6 +36,10 @@ class VLLMProvider(OpenAICompatibleProvider):
 
     name = "vllm"
     complete_over_stream = True  # a stop reaches the server at its next token write
+    # resumable=True: a Responses API background response (whatever the lane's wire; the
+    # server needs VLLM_ENABLE_RESPONSES_API_STORE=1), named by our request_id
+    resumable_streams = True
+    names_responses = True
     default_base_url = "http://127.0.0.1:8000/v1"
 
     def __init__(self, *, base_url: str | None = None, **kw: Any) -> None:
@@ -54,6 +62,13 @@ class VLLMProvider(OpenAICompatibleProvider):
         body.update(self._extra(request))
         return body
 
+    def responses_request_body(self, request: GenerationRequest, *, stream: bool) -> dict[str, Any]:
+        body = super().responses_request_body(request, stream=stream)
+        schema = body.pop("json_schema", None)
+        if schema is not None:
+            body["text"] = {"format": {"type": "json_schema", "name": "answer", "schema": schema}}
+        return body
+
     def completions_body(self, request: GenerationRequest, *, stream: bool) -> dict[str, Any]:
         body: dict[str, Any] = {"model": request.model, "prompt": request.prompt or "", "stream": stream}
         if stream:
@@ -72,7 +87,7 @@ class VLLMProvider(OpenAICompatibleProvider):
         return not request.raw
 
     def stream(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
-        if not request.raw:
+        if request.resumable or not request.raw:
             return super().stream(request, ctx)
         body = self.completions_body(request, stream=True)
         return openai_sse_chunks(

@@ -18,8 +18,9 @@ connection — is the lane's (``ServerCancels``).
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
+from typing import TypeVar
 
 import anyio
 import httpx
@@ -29,7 +30,10 @@ from ..stopping.loop import loop_caller
 from ..stopping.token import StopToken
 from .wire import expect_stream
 
-__all__ = ["resumed_bytes"]
+__all__ = ["resumed_bytes", "resumed_items"]
+
+P = TypeVar("P")
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +41,7 @@ log = logging.getLogger(__name__)
 _DROPS = (httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError, httpx.ConnectError, httpx.ConnectTimeout)
 
 
-async def resumed_bytes(
+def resumed_bytes(
     first: Callable[[], AbstractAsyncContextManager[httpx.Response]],
     reopen: Callable[[int], AbstractAsyncContextManager[httpx.Response]],
     *,
@@ -45,7 +49,37 @@ async def resumed_bytes(
     token: StopToken,
     provider: str,
 ) -> AsyncGenerator[bytes, None]:
-    offset = 0
+    """The body bytes of a stream resumed by byte offset (llama-server's ``/v1/stream``)."""
+    return resumed_items(
+        first,
+        reopen,
+        read=lambda resp: resp.aiter_bytes(),
+        advance=lambda offset, part: offset + len(part),
+        start=0,
+        where=lambda offset: f"byte {offset}",
+        resume_timeout=resume_timeout,
+        token=token,
+        provider=provider,
+    )
+
+
+async def resumed_items(
+    first: Callable[[], AbstractAsyncContextManager[httpx.Response]],
+    reopen: Callable[[P], AbstractAsyncContextManager[httpx.Response]],
+    *,
+    read: Callable[[httpx.Response], AsyncIterator[T]],
+    advance: Callable[[P, T], P],
+    start: P,
+    where: Callable[[P], str],
+    resume_timeout: float,
+    token: StopToken,
+    provider: str,
+) -> AsyncGenerator[T, None]:
+    """What ``read`` takes from each connection of a stream, as one sequence: ``advance`` keeps
+    the position of the last item handed out (a byte offset, an event's sequence number) and a
+    drop reopens the stream there. ``read`` decides what a connection's items are: a decoder of
+    its own drops a frame the cut fell in (a resume by event number sends it again whole)."""
+    position = start
     opening = first()
     dropped_at: float | None = None
     delay = 0.05
@@ -55,14 +89,20 @@ async def resumed_bytes(
             async with opening as resp:
                 if resumes and resp.status_code in (400, 404, 410):  # expired, evicted, or cancelled
                     raise TransportError(
-                        f"the server no longer holds the stream (HTTP {resp.status_code} at byte {offset})",
+                        f"the server no longer holds the stream (HTTP {resp.status_code} at {where(position)})",
                         provider=provider,
                     )
                 await expect_stream(resp)
                 dropped_at, delay = None, 0.05
-                async for part in resp.aiter_bytes():
-                    offset += len(part)
-                    yield part
+                items = read(resp)
+                try:
+                    async for item in items:
+                        position = advance(position, item)
+                        yield item
+                finally:
+                    close = getattr(items, "aclose", None)
+                    if close is not None:
+                        await close()
             return
         except _DROPS as exc:
             if token.is_set:
@@ -71,16 +111,16 @@ async def resumed_bytes(
             dropped_at = now if dropped_at is None else dropped_at
             if now - dropped_at >= resume_timeout:
                 raise TransportError(
-                    f"the stream dropped at byte {offset} and could not be resumed within {resume_timeout:g} s "
+                    f"the stream dropped at {where(position)} and could not be resumed within {resume_timeout:g} s "
                     f"({type(exc).__name__}: {exc})",
                     provider=provider,
                 ) from exc
-            log.info("%s: the stream dropped at byte %d (%s); resuming", provider, offset, type(exc).__name__)
+            log.info("%s: the stream dropped at %s (%s); resuming", provider, where(position), type(exc).__name__)
             if not await _pause(min(delay, max(0.0, dropped_at + resume_timeout - now)), token):
                 raise  # stopped in the pause: the contract makes it the stop
             delay = min(delay * 2, 1.0)
             resumes += 1
-            opening = reopen(offset)
+            opening = reopen(position)
 
 
 async def _pause(seconds: float, token: StopToken) -> bool:

@@ -41,6 +41,7 @@ class FakeLMStudioServer(FakeOpenAIServer):
     def route(self, method: str, path: str) -> Handler | None:
         routes: dict[tuple[str, str], Handler] = {
             ("POST", "/v1/chat/completions"): self.lms_chat,
+            ("POST", "/v1/responses"): self.responses,
             ("POST", "/v1/embeddings"): self.lms_embeddings,
             ("GET", "/v1/models"): self.models,
             ("POST", "/api/v1/chat"): self.native_chat,

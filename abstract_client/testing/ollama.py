@@ -48,6 +48,7 @@ class FakeOllamaServer(FakeOpenAIServer):
             ("POST", "/api/generate"): self.native,
             ("POST", "/api/embed"): self.native_embed,
             ("POST", "/v1/chat/completions"): self.chat,
+            ("POST", "/v1/responses"): self.responses,
             ("POST", "/v1/embeddings"): self.embeddings,
             ("GET", "/v1/models"): self.models,
         }

@@ -25,6 +25,7 @@ class FakeOpenAIServer(FakeServer):
     def route(self, method: str, path: str) -> Handler | None:
         routes: dict[tuple[str, str], Handler] = {
             ("POST", "/v1/chat/completions"): self.chat,
+            ("POST", "/v1/responses"): self.responses,
             ("POST", "/v1/embeddings"): self.embeddings,
             ("GET", "/v1/models"): self.models,
             ("GET", "/health"): self.health,
@@ -243,6 +244,162 @@ class FakeOpenAIServer(FakeServer):
                 )
             )
         conn.chunk(b"data: [DONE]\n\n")
+        conn.end_chunked()
+
+    def responses(self, conn: Conn, record: RequestRecord) -> None:
+        """``POST /v1/responses`` in the foreground (OpenAI's typed events; no background mode:
+        the real vLLM is where that is tested), streaming and not, with the same tokens, script
+        and faults as chat."""
+        body = record.body if isinstance(record.body, dict) else {}
+        fault = self._next_fault()
+        record.fault = fault
+        if self.early_fault(conn, fault):
+            return
+        model = body.get("model") or "fake-model"
+        if model not in self.behavior.models and "fake-model" not in self.behavior.models:
+            conn.send_json(404, self.error_body(404, f"The model `{model}` does not exist."))
+            return
+        words: list[str] = []
+        for item in body.get("input") if isinstance(body.get("input"), list) else [body.get("input")]:
+            content = item.get("content") if isinstance(item, dict) else item
+            if isinstance(content, str):
+                words += content.split()
+        tokens, finish = self.tokens(body.get("max_output_tokens"))
+        script = self.behavior.script
+        pieces: list[dict[str, Any]] = list(script) if script is not None else [{"content": t} for t in tokens]
+        status = "incomplete" if finish == "length" and script is None else "completed"
+        rid = f"resp_{record.id}"
+        usage = {
+            "input_tokens": len(words),
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": len(pieces),
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": len(words) + len(pieces),
+        }
+        message = script_message(pieces, "reasoning")
+        output: list[dict[str, Any]] = []
+        if message.get("reasoning"):
+            output.append(
+                {
+                    "type": "reasoning",
+                    "id": "rs_0",
+                    "summary": [],
+                    "content": [{"type": "reasoning_text", "text": message["reasoning"]}],
+                }
+            )
+        output.append(
+            {
+                "type": "message",
+                "id": "msg_0",
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": message["content"], "annotations": []}],
+            }
+        )
+        for call in message.get("tool_calls", []):
+            output.append(
+                {
+                    "type": "function_call",
+                    "id": f"fc_{call['id']}",
+                    "call_id": call["id"],
+                    "name": call["function"]["name"],
+                    "arguments": call["function"]["arguments"],
+                    "status": "completed",
+                }
+            )
+        response = {
+            "id": rid,
+            "object": "response",
+            "created_at": int(time.time()),
+            "model": model,
+            "status": status,
+            "error": None,
+            "output": output,
+            "usage": usage,
+            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+        }
+        if not body.get("stream"):
+            self.prefill(conn, record)
+            for _ in pieces:
+                conn.wait(self.behavior.token_delay)
+                record.token_times.append(time.perf_counter())
+            if fault == "error_on_200":
+                conn.send_json(200, self.error_body(500, "injected error under HTTP 200"))
+                return
+            conn.send_json(200, response)
+            return
+
+        sequence = 0
+
+        def event(obj: dict[str, Any]) -> bytes:
+            nonlocal sequence
+            obj["sequence_number"] = sequence
+            sequence += 1
+            return b"event: %s\ndata: %s\n\n" % (obj["type"].encode(), json.dumps(obj).encode())
+
+        self.prefill(conn, record)
+        conn.start_chunked("text/event-stream")
+        pending = {**response, "status": "in_progress", "output": [], "usage": None}
+        conn.chunk(event({"type": "response.created", "response": pending}))
+        calls: dict[int, int] = {}
+
+        def frame(piece: dict[str, Any]) -> bytes:
+            if "tool" in piece:
+                out = b""
+                if piece["tool"] not in calls:
+                    calls[piece["tool"]] = 1 + piece["tool"]
+                    item = {
+                        "type": "function_call",
+                        "call_id": piece.get("id"),
+                        "name": piece.get("name"),
+                        "arguments": "",
+                        "status": "in_progress",
+                    }
+                    out = event(
+                        {"type": "response.output_item.added", "output_index": calls[piece["tool"]], "item": item}
+                    )
+                return out + event(
+                    {
+                        "type": "response.function_call_arguments.delta",
+                        "output_index": calls[piece["tool"]],
+                        "delta": piece.get("arguments", ""),
+                    }
+                )
+            if "reasoning" in piece:
+                return event(
+                    {
+                        "type": "response.reasoning_text.delta",
+                        "output_index": 0,
+                        "content_index": 0,
+                        "delta": piece["reasoning"],
+                    }
+                )
+            return event(
+                {
+                    "type": "response.output_text.delta",
+                    "output_index": 0,
+                    "content_index": 0,
+                    "delta": piece.get("content", ""),
+                }
+            )
+
+        def fault_frame(name: str) -> None:
+            if self.common_fault(conn, name):
+                return
+            if name == "error_on_200":
+                conn.chunk(
+                    event(
+                        {"type": "error", "code": "server_error", "message": "injected mid-stream error", "param": None}
+                    )
+                )
+            elif name == "malformed_frame":
+                conn.chunk(b"data: {not json\n\n")
+            conn.end_chunked()
+
+        if not self.stream_tokens(conn, pieces, frame, fault, fault_frame):  # type: ignore[arg-type]
+            return
+        kind = "response.incomplete" if status == "incomplete" else "response.completed"
+        conn.chunk(event({"type": kind, "response": response}))
         conn.end_chunked()
 
 

@@ -221,6 +221,8 @@ class VLLMServer(ServerProcess):
             "TRANSFORMERS_OFFLINE": "1",
             "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",
+            # Responses API background mode (resumable=True on the vllm lane) needs the store
+            "VLLM_ENABLE_RESPONSES_API_STORE": "1",
         }
         server = cls(argv, port, log_path, env=env)
         server.start(ready_timeout)

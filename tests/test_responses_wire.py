@@ -1,0 +1,233 @@
+"""``wire="responses"``: the same calls over the OpenAI Responses API (``POST /v1/responses``),
+on each HTTP lane's protocol-faithful fake (real loopback sockets): the request it sends, the
+answer it maps (text, reasoning, tool calls, structured output, usage), and the same stop
+contract — proven by the fake server's disconnect record."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from abstract_client import (
+    LLM,
+    GenerationCancelledError,
+    NotSupportedError,
+    ProviderAPIError,
+    ProviderProtocolError,
+    TransportError,
+    create_llm,
+)
+from abstract_client.testing import FakeServer
+
+from .conftest import LANES
+from .helpers import WEATHER_TOOL
+
+SERVER_SEES_EOF_S = 2.0  # generous: a shared 2-core machine
+
+
+@pytest.fixture(params=list(LANES))
+def fake(request: pytest.FixtureRequest) -> Iterator[tuple[str, FakeServer]]:
+    with LANES[request.param](finish_prompt_before_disconnect=False) as srv:
+        yield request.param, srv
+
+
+@pytest.fixture
+def rllm(fake: tuple[str, FakeServer]) -> Iterator[LLM]:
+    lane, srv = fake
+    client = create_llm(lane, "fake-model", base_url=srv.base_url, max_retries=0, wire="responses")
+    yield client
+    client.close()
+
+
+def _server(fake: tuple[str, FakeServer]) -> FakeServer:
+    return fake[1]
+
+
+def test_the_request_is_the_responses_form_of_the_call(fake: tuple[str, FakeServer], rllm: LLM) -> None:
+    server = _server(fake)
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "Weather?"}]},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+        {"role": "user", "content": "And tomorrow?"},
+    ]
+    rllm.generate(
+        messages=messages,
+        max_tokens=3,
+        temperature=0.0,
+        seed=7,
+        tools=[WEATHER_TOOL],
+        tool_choice="auto",
+        reasoning="low",
+        plain_wire=True,
+    )
+    record = server.requests("/v1/responses")[-1]
+    body = record.body
+    assert body["input"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "input_text", "text": "Weather?"}]},
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+        {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+        {"role": "user", "content": "And tomorrow?"},
+    ]
+    assert body["max_output_tokens"] == 3 and body["temperature"] == 0.0 and body["seed"] == 7
+    assert body["tools"] == [{"type": "function", **WEATHER_TOOL["function"]}]
+    assert body["tool_choice"] == "auto"
+    assert body["reasoning"] == {"effort": "low"}
+    assert body["stream"] is False and body["store"] is False
+    assert "messages" not in body and server.requests("/v1/chat/completions") == []
+
+
+def test_a_named_tool_choice_is_the_flat_form() -> None:
+    """(Ollama and LM Studio force a named call as structured output: tests/test_tools_structured.py.)"""
+    with LANES["openai-compatible"]() as server, create_llm(
+        "openai-compatible", "fake-model", base_url=server.base_url, wire="responses"
+    ) as rllm:
+        _named_call(server, rllm)
+
+
+def _named_call(server: FakeServer, rllm: LLM) -> None:
+    server.behavior.script = [{"tool": 0, "id": "call_a", "name": "get_weather", "arguments": '{"city": "Paris"}'}]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    result = rllm.generate("x", tools=[WEATHER_TOOL], tool_choice=named)
+    assert result.tool_calls and result.tool_calls[0].arguments == {"city": "Paris"}
+    assert server.requests("/v1/responses")[-1].body["tool_choice"] == {"type": "function", "name": "get_weather"}
+
+
+def test_structured_output_is_text_format(fake: tuple[str, FakeServer], rllm: LLM) -> None:
+    server = _server(fake)
+    server.behavior.answer = '{"city": "Paris"}'
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    result = rllm.generate("Where?", response_format=schema)
+    assert result.parsed == {"city": "Paris"}
+    body = server.requests("/v1/responses")[-1].body
+    assert body["text"] == {"format": {"type": "json_schema", "name": "answer", "schema": schema, "strict": True}}
+
+
+@pytest.mark.parametrize("streaming", [True, False], ids=["stream", "whole"])
+def test_text_usage_and_finish_reason(rllm: LLM, streaming: bool) -> None:
+    if streaming:
+        chunks = list(rllm.stream("one two three", max_tokens=4))
+        text = "".join(c.delta for c in chunks)
+        finish, usage = chunks[-1].finish_reason, chunks[-1].usage
+    else:
+        result = rllm.generate("one two three", max_tokens=4, plain_wire=True)
+        text, finish, usage = result.content, result.finish_reason, result.usage
+    assert text == "tok0 tok1 tok2 tok3 "
+    assert finish == "length"  # status "incomplete", reason max_output_tokens
+    assert usage is not None and usage.prompt_tokens == 3 and usage.completion_tokens == 4
+
+
+@pytest.mark.parametrize("streaming", [True, False], ids=["stream", "whole"])
+def test_reasoning_and_tool_calls_map_as_on_the_chat_wire(
+    fake: tuple[str, FakeServer], rllm: LLM, streaming: bool
+) -> None:
+    server = _server(fake)
+    server.behavior.script = [
+        {"reasoning": "Need "},
+        {"reasoning": "weather."},
+        {"tool": 0, "id": "call_a", "name": "get_weather", "arguments": '{"city": '},
+        {"tool": 0, "arguments": '"Paris"}'},
+    ]
+    options: dict[str, Any] = {"tools": [WEATHER_TOOL], "tool_choice": "auto"}
+    if streaming:
+        chunks = list(rllm.stream("weather?", **options))
+        reasoning = "".join(c.reasoning for c in chunks)
+        calls, finish = chunks[-1].tool_calls, chunks[-1].finish_reason
+    else:
+        result = rllm.generate("weather?", plain_wire=True, **options)
+        reasoning, calls, finish = result.reasoning, result.tool_calls, result.finish_reason
+    assert reasoning == "Need weather."
+    assert finish == "tool_calls"
+    assert calls is not None and [(c.id, c.name, c.arguments) for c in calls] == [
+        ("call_a", "get_weather", {"city": "Paris"})
+    ]
+
+
+def test_a_stop_mid_stream_is_the_stop_and_the_server_sees_it(fake: tuple[str, FakeServer], rllm: LLM) -> None:
+    server = _server(fake)
+    server.behavior.token_delay = 0.01
+    event = threading.Event()
+    text = ""
+    pressed = 0.0
+    with pytest.raises(GenerationCancelledError) as info:
+        for chunk in rllm.stream("x", max_tokens=100_000, cancel_event=event):
+            text += chunk.delta
+            if text.count("tok") == 5:
+                pressed = time.perf_counter()
+                event.set()
+    record = server.requests("/v1/responses")[-1]
+    seen = server.wait_for_disconnect(record)
+    assert info.value.reason == "user"
+    assert info.value.partial_text.startswith(text) and text.count("tok") == 5
+    assert seen - pressed < SERVER_SEES_EOF_S
+    assert record.tokens_sent < 100_000
+    assert rllm.in_flight == []
+
+
+def test_a_stop_of_a_whole_answer_is_the_stop(fake: tuple[str, FakeServer], rllm: LLM) -> None:
+    server = _server(fake)
+    server.behavior.prefill_delay = 30  # the server is "processing the prompt"
+    event = threading.Event()
+    timer = threading.Timer(0.2, event.set)
+    timer.start()
+    with pytest.raises(GenerationCancelledError):
+        rllm.generate("x", cancel_event=event, plain_wire=True)
+    server.wait_for_disconnect(server.requests("/v1/responses")[-1])
+    timer.join()
+
+
+@pytest.mark.parametrize(
+    ("fault", "error"),
+    [
+        ("drop", TransportError),
+        ("close_without_done", ProviderProtocolError),
+        ("malformed_frame", ProviderProtocolError),
+        ("error_on_200", ProviderAPIError),
+    ],
+)
+def test_stream_faults_are_typed_and_keep_the_partial_text(
+    fake: tuple[str, FakeServer], rllm: LLM, fault: str, error: type
+) -> None:
+    server = _server(fake)
+    server.behavior.fail_after_tokens = 3
+    server.inject(fault)
+    with pytest.raises(error) as info:
+        list(rllm.stream("x", max_tokens=20))
+    assert type(info.value) is error
+    assert info.value.partial_text == "tok0 tok1 tok2 "
+    assert rllm.generate("again", max_tokens=2).content == "tok0 tok1 "  # nothing left broken
+
+
+def test_an_error_body_under_200_is_typed(fake: tuple[str, FakeServer], rllm: LLM) -> None:
+    _server(fake).inject("error_on_200")
+    with pytest.raises(ProviderAPIError):
+        rllm.generate("x", plain_wire=True)
+
+
+def test_an_unknown_wire_is_refused_and_resumable_needs_a_server_that_keeps_responses(
+    fake: tuple[str, FakeServer],
+) -> None:
+    lane, server = fake
+    with pytest.raises(ValueError, match="wire must be one of"):
+        create_llm(lane, "fake-model", base_url=server.base_url, wire="anthropic")  # type: ignore[arg-type]
+    with create_llm(lane, "fake-model", base_url=server.base_url) as chat, pytest.raises(NotSupportedError):
+        chat.generate("x", resumable=True)
+    assert server.records == []
+
+
+def test_ollama_and_lm_studio_take_reasoning_over_the_responses_wire() -> None:
+    """Their native routes are where reasoning goes on the chat wire; the Responses wire carries it."""
+    for lane in ("ollama", "lmstudio"):
+        with LANES[lane]() as server, create_llm(lane, "fake-model", base_url=server.base_url, wire="responses") as lm:
+            lm.generate("x", max_tokens=2, reasoning=True)
+            body = server.records[-1].body
+            assert server.records[-1].path == "/v1/responses", lane
+            assert body["reasoning"] == {"effort": "medium"}, json.dumps(body)
