@@ -1,15 +1,19 @@
-"""Resumable generations on a real llama-server (issue #42): resumed through random cuts, and the stop.
+"""Resumable generations on a real llama-server and a real vLLM (issue #42): resumed through
+random cuts, and the stop.
 
 * Resume: ``runs`` greedy streams of 200 tokens through ``tests/cutting_proxy.py``, each cut
   ``cuts`` times at random bytes (seeded); each compared delta by delta with an uninterrupted
   run: tokens lost and tokens repeated (a diff of the two delta lists), and the wall time beside
-  the uninterrupted one.
-* Stop: ``n`` stops pressed after 5 chunks, plain (the sever) vs ``resumable=True`` (its
-  ``DELETE /v1/stream``, then the sever): stop → raise, and stop → engine stopped (``/slots``
-  idle, polled every 2 ms: the engine's own word), p50/p99 in ms. Beside them, what a sever alone
-  does to a resumable stream: the engine keeps decoding.
+  the uninterrupted one. llama-server resumes by byte (``/v1/stream``), vLLM by event (a
+  Responses ``background`` response, ``starting_after``).
+* Stop: ``n`` stops pressed after 5 chunks on each path — foreground (the sever), and resumable
+  (the server's own cancel, then the sever: llama-server's ``DELETE /v1/stream``, vLLM's
+  ``POST /v1/responses/{id}/cancel``): stop → raise, and stop → engine stopped (llama-server's
+  ``/slots`` idle, vLLM's ``vllm:num_requests_running`` 0, polled every 2 ms: the engine's own
+  word), p50/p99 in ms. Beside them, what a sever alone does to a resumable stream: the engine
+  keeps decoding.
 
-Usage: python benchmarks/bench_resumable.py [--runs 10 --cuts 5 -n 20]
+Usage: python benchmarks/bench_resumable.py [--engine llama|vllm|both --runs 10 --cuts 5 -n 20]
 """
 
 from __future__ import annotations
@@ -30,7 +34,13 @@ import httpx
 from _tables import pct, print_table
 
 from abstract_client import GenerationCancelledError, create_llm
-from abstract_client.testing.processes import LlamaServer, llama_server_binary, smollm2_gguf
+from abstract_client.testing.processes import (
+    LlamaServer,
+    VLLMServer,
+    llama_server_binary,
+    smollm2_gguf,
+    vllm_environment,
+)
 from tests.cutting_proxy import CuttingProxy
 
 STORY = [
@@ -127,12 +137,154 @@ def sever_only(server: LlamaServer) -> float:
     return after - before
 
 
+# -- vLLM: the Responses API's background mode --------------------------------------------------
+
+
+def vllm_deltas(url: str, **options: Any) -> tuple[list[str], float]:
+    with create_llm("vllm", "smollm2", base_url=url, max_retries=0) as llm:
+        t0 = time.perf_counter()
+        with llm.stream(messages=STORY, **{**GREEDY, **options}) as stream:
+            out = [c.delta for c in stream if c.delta]
+        return out, time.perf_counter() - t0
+
+
+def vllm_resume_rows(server: VLLMServer, runs: int, cuts: int) -> list[dict[str, Any]]:
+    reference, plain_s = vllm_deltas(server.url, resumable=True)
+    lost = repeated = cut_total = 0
+    took = []
+    for seed in range(runs):
+        proxy = CuttingProxy(server.port, seed=seed, cuts=cuts, cut_after=(2_000, 12_000))
+        try:
+            got, seconds = vllm_deltas(proxy.url, resumable=True)
+        finally:
+            proxy.close()
+        cut_total += len(proxy.cut_at)
+        took.append(seconds)
+        for op, i1, i2, j1, j2 in difflib.SequenceMatcher(a=reference, b=got, autojunk=False).get_opcodes():
+            if op in ("delete", "replace"):
+                lost += i2 - i1
+            if op in ("insert", "replace"):
+                repeated += j2 - j1
+    return [
+        {
+            "runs": runs,
+            "cuts made": cut_total,
+            "tokens per run": len(reference),
+            "tokens lost": lost,
+            "tokens repeated": repeated,
+            "uninterrupted s": plain_s,
+            "resumed s p50": pct(took, 50),
+            "resumed s max": max(took),
+        }
+    ]
+
+
+def vllm_idle(server: VLLMServer) -> bool:
+    try:
+        return server.running() == 0
+    except (OSError, ValueError, httpx.HTTPError):
+        return False
+
+
+def vllm_stop_once(server: VLLMServer, wire: str, resumable: bool) -> tuple[float, float]:
+    """(stop → raise ms, stop → num_requests_running 0 ms) of one stop after 5 chunks."""
+    event = threading.Event()
+    with create_llm("vllm", "smollm2", base_url=server.url, max_retries=0, wire=wire) as llm:  # type: ignore[arg-type]
+        stream = llm.stream(messages=STORY, max_tokens=1500, ignore_eos=True, resumable=resumable, cancel_event=event)
+        stopped_at = raised_at = 0.0
+        try:
+            for i, _ in enumerate(stream):
+                if i == 5:
+                    stopped_at = time.perf_counter()
+                    event.set()
+        except GenerationCancelledError:
+            raised_at = time.perf_counter()
+        while not vllm_idle(server):
+            if time.perf_counter() - stopped_at > 30:
+                return (raised_at - stopped_at) * 1000, float("nan")
+            time.sleep(0.002)
+        idle_at = time.perf_counter()
+    return (raised_at - stopped_at) * 1000, (idle_at - stopped_at) * 1000
+
+
+def vllm_sever_only(server: VLLMServer) -> float:
+    """A background response's connection closed with no cancel: tokens it generates on in 2 s."""
+    body = {
+        "model": "smollm2",
+        "input": "Write a very long story about a dragon.",
+        "max_output_tokens": 1500,
+        "ignore_eos": True,
+        "stream": True,
+        "background": True,
+        "request_id": "resp_bench-sever-only",
+    }
+    with httpx.stream("POST", server.url + "/v1/responses", json=body) as r:
+        for i, _ in enumerate(r.iter_lines()):
+            if i == 30:
+                break
+    before = server.generation_tokens()
+    time.sleep(2)
+    after = server.generation_tokens()
+    httpx.post(server.url + "/v1/responses/resp_bench-sever-only/cancel")
+    while not vllm_idle(server):
+        time.sleep(0.01)
+    return after - before
+
+
+def vllm_main(args: argparse.Namespace) -> None:
+    env = vllm_environment()
+    if env is None:
+        sys.exit("the vLLM venv or the SmolLM2 HF model is missing: run scripts/get_vllm.sh")
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.vllm_port:  # a running server (started with VLLM_ENABLE_RESPONSES_API_STORE=1)
+            server = VLLMServer(["(running)"], args.vllm_port, Path(tmp) / "vllm.log")
+        else:
+            server = VLLMServer.launch(env[0], env[1], log_path=Path(tmp) / "vllm.log")
+        try:
+            print_table(
+                f"Resume through random cuts ({args.cuts} per run; vLLM background response, SmolLM2, greedy)",
+                vllm_resume_rows(server, args.runs, args.cuts),
+            )
+            rows = []
+            for label, wire, resumable in (
+                ("chat stream (sever)", "chat", False),
+                ("responses, foreground (sever)", "responses", False),
+                ("resumable=True: background (cancel + sever)", "chat", True),
+            ):
+                raised, stopped = zip(*(vllm_stop_once(server, wire, resumable) for _ in range(args.n)), strict=True)
+                rows.append(
+                    {
+                        "path": label,
+                        "n": args.n,
+                        "stop→raise p50": pct(list(raised), 50),
+                        "p99": pct(list(raised), 99),
+                        "stop→engine stopped p50": pct(list(stopped), 50),
+                        "p99 ": pct(list(stopped), 99),
+                    }
+                )
+            print_table("vLLM stop (ms; engine stopped = vllm:num_requests_running 0)", rows, digits=1)
+            severed = vllm_sever_only(server)
+            print(f"\na background response severed with no cancel generated {severed:.0f} more tokens in 2 s")
+        finally:
+            if not args.vllm_port:
+                server.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--engine", choices=("llama", "vllm", "both"), default="both")
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--cuts", type=int, default=5)
     parser.add_argument("-n", type=int, default=20)
+    parser.add_argument("--vllm-port", type=int, default=0, help="use a running vLLM instead of starting one")
     args = parser.parse_args()
+    if args.engine in ("llama", "both"):
+        llama_main(args)
+    if args.engine in ("vllm", "both"):
+        vllm_main(args)
+
+
+def llama_main(args: argparse.Namespace) -> None:
     binary, model = llama_server_binary(), smollm2_gguf()
     if binary is None or model is None:
         sys.exit("llama-server or the SmolLM2 GGUF is missing: scripts/get_llama_server.sh, scripts/get_model.py")

@@ -22,10 +22,11 @@ from abstract_client import (
     TransportError,
     create_llm,
 )
-from abstract_client.testing import FakeServer
+from abstract_client.testing import FakeOpenAIServer, FakeServer
+from abstract_client.testing._server import Conn, Handler, RequestRecord
 
 from .conftest import LANES
-from .helpers import WEATHER_TOOL
+from .helpers import WEATHER_TOOL, wait_until
 
 SERVER_SEES_EOF_S = 2.0  # generous: a shared 2-core machine
 
@@ -87,9 +88,10 @@ def test_the_request_is_the_responses_form_of_the_call(fake: tuple[str, FakeServ
 
 def test_a_named_tool_choice_is_the_flat_form() -> None:
     """(Ollama and LM Studio force a named call as structured output: tests/test_tools_structured.py.)"""
-    with LANES["openai-compatible"]() as server, create_llm(
-        "openai-compatible", "fake-model", base_url=server.base_url, wire="responses"
-    ) as rllm:
+    with (
+        LANES["openai-compatible"]() as server,
+        create_llm("openai-compatible", "fake-model", base_url=server.base_url, wire="responses") as rllm,
+    ):
         _named_call(server, rllm)
 
 
@@ -231,3 +233,41 @@ def test_ollama_and_lm_studio_take_reasoning_over_the_responses_wire() -> None:
             body = server.records[-1].body
             assert server.records[-1].path == "/v1/responses", lane
             assert body["reasoning"] == {"effort": "medium"}, json.dumps(body)
+
+
+class _RegistersLate(FakeOpenAIServer):
+    """A Responses server whose first ``cancel`` calls come before it registered the response."""
+
+    not_yet = 2
+
+    def route(self, method: str, path: str) -> Handler | None:
+        if method == "POST" and path.startswith("/v1/responses/") and path.endswith("/cancel"):
+            return self.cancel
+        return super().route(method, path)
+
+    def cancel(self, conn: Conn, record: RequestRecord) -> None:
+        if self.not_yet > 0:
+            self.not_yet -= 1
+            conn.send_json(404, self.error_body(404, "Response not found."))
+            return
+        conn.send_json(200, {"id": record.path.split("/")[3], "object": "response", "status": "cancelled"})
+
+
+def test_a_background_stop_cancels_by_the_id_the_server_named_until_it_is_known() -> None:
+    """On any Responses server (here the openai-compatible lane's fake): ``background`` and
+    ``store`` are asked for, the id comes from ``response.created``, and a stop's cancel that
+    meets a 404 (not registered yet) is sent again until the server knows the response."""
+    with (
+        _RegistersLate() as server,
+        create_llm("openai-compatible", "fake-model", base_url=server.base_url, max_retries=0, wire="responses") as rlm,
+    ):
+        server.behavior.token_delay = 0.01
+        stop = threading.Event()
+        with pytest.raises(GenerationCancelledError):
+            for n, _ in enumerate(rlm.stream("x", max_tokens=100_000, resumable=True, cancel_event=stop)):
+                if n == 5:
+                    stop.set()
+        (started,) = server.requests("/v1/responses")
+        assert started.body["background"] is True and started.body["store"] is True
+        cancel_path = f"/v1/responses/resp_{started.id}/cancel"
+        assert wait_until(lambda: len(server.requests(cancel_path)) == 3, 10), [r.path for r in server.records]

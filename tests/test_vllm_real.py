@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,7 +27,8 @@ from abstract_client import (
 )
 from abstract_client.testing.processes import VLLMServer, vllm_environment
 
-from .helpers import WEATHER_TOOL
+from .cutting_proxy import CuttingProxy
+from .helpers import WEATHER_TOOL, wait_until
 from .server_contract import *  # noqa: F403  (the shared suite: ServerLane and its tests)
 from .server_contract import ServerLane
 
@@ -37,6 +39,10 @@ CAPITAL = [
     {"role": "user", "content": "What is the capital of France?"},
 ]
 STORY = "Write a very long story about a dragon."
+CAPITAL_STORY = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": STORY},
+]
 
 
 @pytest.fixture(scope="module")
@@ -215,3 +221,134 @@ def test_gateway_disconnect_stops_vllm(vllm: VLLMServer, tmp_path: Path) -> None
         stream.close()
         assert gw.wait_for_stop("vllm-gw-1")[0][1] == "client_disconnect"
         assert_vllm_stopped(vllm)
+
+
+# -- the Responses API (#42): the same calls over /v1/responses; background = resumable ----------
+
+GREEDY_STORY: dict[str, Any] = {"temperature": 0.0, "seed": 7, "max_tokens": 200, "ignore_eos": True}
+
+
+def responses_lane(url: str) -> LLM:
+    return create_llm("vllm", "smollm2", base_url=url, max_retries=0, wire="responses")
+
+
+def test_the_responses_wire_answers_as_the_chat_wire_does(lm: LLM, vllm: VLLMServer) -> None:
+    """Greedy text, usage, tool calls and structured output: the same call, either wire."""
+    with responses_lane(vllm.url) as rlm:
+        chat = lm.generate(messages=CAPITAL, max_tokens=40, temperature=0)
+        for plain in (False, True):
+            answer = rlm.generate(messages=CAPITAL, max_tokens=40, temperature=0, plain_wire=plain)
+            assert answer.content == chat.content and "Paris" in answer.content
+            assert answer.usage is not None and chat.usage is not None
+            assert answer.usage.prompt_tokens == chat.usage.prompt_tokens
+            assert answer.usage.completion_tokens == chat.usage.completion_tokens
+        cut = rlm.generate(messages=CAPITAL, max_tokens=3, temperature=0)
+        assert cut.finish_reason == "length" and cut.usage is not None and cut.usage.completion_tokens == 3
+        called = rlm.generate(
+            messages=[*CAPITAL[:1], {"role": "user", "content": "What is the weather in Paris?"}],
+            tools=[WEATHER],
+            tool_choice="required",
+            max_tokens=80,
+            temperature=0,
+        )
+        (call,) = called.tool_calls
+        assert call.name == "get_weather" and isinstance(call.arguments["city"], str)
+        assert called.finish_reason == "tool_calls"
+        schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}}, "required": ["city"]}
+        structured = rlm.generate(messages=CAPITAL, response_format=schema, max_tokens=60, temperature=0)
+        assert isinstance(structured.parsed, dict) and isinstance(structured.parsed["city"], str)
+
+
+def test_a_stop_on_the_responses_wire_stops_vllm(vllm: VLLMServer) -> None:
+    """A foreground response stops on the disconnect, as chat does."""
+    assert wait_running(vllm, 0, 10)
+    stop = threading.Event()
+    with responses_lane(vllm.url) as rlm:
+        with pytest.raises(GenerationCancelledError) as info:
+            for n, _ in enumerate(rlm.stream(prompt=STORY, max_tokens=1500, ignore_eos=True, cancel_event=stop)):
+                if n == 10:
+                    assert vllm.running() == 1
+                    stop.set()
+        assert info.value.partial_text
+        assert_vllm_stopped(vllm)
+
+
+def test_a_background_stream_cut_five_times_comes_out_whole(vllm: VLLMServer) -> None:
+    """resumable=True: a background response read on after each cut (starting_after), equal to
+    an uninterrupted greedy run chunk for chunk."""
+    assert wait_running(vllm, 0, 10)
+    with responses_lane(vllm.url) as direct, direct.stream(messages=CAPITAL_STORY, **GREEDY_STORY) as stream:
+        reference = [c.delta for c in stream if c.delta]
+    proxy = CuttingProxy(vllm.port, seed=42, cuts=5, cut_after=(2_000, 12_000))
+    try:
+        with create_llm("vllm", "smollm2", base_url=proxy.url, max_retries=0) as flaky:
+            with flaky.stream(messages=CAPITAL_STORY, resumable=True, **GREEDY_STORY) as stream:
+                chunks = list(stream)
+    finally:
+        proxy.close()
+    assert len(proxy.cut_at) == 5, proxy.cut_at  # the network really failed, five times
+    assert [c.delta for c in chunks if c.delta] == reference and len("".join(reference)) > 200
+    assert chunks[-1].finish_reason == "length"
+
+
+def test_a_stop_on_a_background_stream_cancels_it_in_vllm(vllm: VLLMServer) -> None:
+    """The disconnect no longer stops a background response: the stop's POST …/cancel does."""
+    assert wait_running(vllm, 0, 10)
+    stop = threading.Event()
+    with create_llm("vllm", "smollm2", base_url=vllm.url, max_retries=0) as llm:
+        with pytest.raises(GenerationCancelledError) as info:
+            for n, _ in enumerate(
+                llm.stream(prompt=STORY, max_tokens=1500, ignore_eos=True, resumable=True, cancel_event=stop)
+            ):
+                if n == 10:
+                    assert vllm.running() == 1
+                    stop.set()
+        assert info.value.partial_text
+        assert_vllm_stopped(vllm)
+
+
+def test_a_stop_while_the_network_is_down_cancels_the_background_response_when_it_is_back(
+    vllm: VLLMServer,
+) -> None:
+    assert wait_running(vllm, 0, 10)
+    proxy = CuttingProxy(vllm.port, seed=3, cuts=1, cut_after=(3_000, 4_000), refuse_after_cut=True)
+    stop = threading.Event()
+    out: dict[str, Any] = {}
+    try:
+        with create_llm("vllm", "smollm2", base_url=proxy.url, max_retries=0) as llm:
+
+            def run() -> None:
+                try:
+                    list(llm.stream(prompt=STORY, max_tokens=1500, ignore_eos=True, resumable=True, cancel_event=stop))
+                except BaseException as exc:
+                    out["error"] = exc
+
+            thread = threading.Thread(target=run)
+            thread.start()
+            assert wait_until(lambda: proxy.refused >= 2, 30)  # cut, and the resume is knocking
+            stop.set()
+            thread.join(10)
+            assert isinstance(out.get("error"), GenerationCancelledError), out
+            assert vllm.running() == 1  # nobody could tell it yet: it decodes on
+            proxy.reopen()
+            assert wait_running(vllm, 0, 10), "the cancel never reached vLLM once the network was back"
+    finally:
+        proxy.close()
+
+
+def test_a_background_stream_cut_before_its_first_event_is_resumed(vllm: VLLMServer) -> None:
+    """The connection drops inside the answer's headers: the response was never named on the
+    wire, but vLLM took its id from our request_id, so it is read from its first event."""
+    assert wait_running(vllm, 0, 10)
+    with create_llm("vllm", "smollm2", base_url=vllm.url, max_retries=0) as direct:
+        reference = "".join(c.delta for c in direct.stream(messages=CAPITAL, max_tokens=40, temperature=0))
+    proxy = CuttingProxy(vllm.port, seed=1, cuts=1, cut_after=(20, 40))
+    try:
+        with create_llm("vllm", "smollm2", base_url=proxy.url, max_retries=0) as flaky:
+            text = "".join(
+                c.delta for c in flaky.stream(messages=CAPITAL, max_tokens=40, temperature=0, resumable=True)
+            )
+    finally:
+        proxy.close()
+    assert len(proxy.cut_at) == 1
+    assert text == reference and "Paris" in text
