@@ -31,6 +31,8 @@ from abstract_client.http.wire import drain, expect_stream, load_frame
 from abstract_client.provider import Completion
 from abstract_client.types import GenerationRequest, Message, StreamChunk, ToolCall, ToolCallDelta, Usage
 
+from ._timings import timings_from
+
 __all__ = [
     "TERMINAL_EVENTS",
     "ResponseEvents",
@@ -181,6 +183,13 @@ def _raise_failed(response: dict[str, Any]) -> None:
         raise error_from_response(200, {"error": error if isinstance(error, dict) else {"message": str(error)}})
 
 
+def _position(event: dict[str, Any], item_id: Any) -> Any:
+    """Which output item an event is about: its ``output_index`` (OpenAI, vLLM), else the
+    item's id (llama-server sends no index)."""
+    index = event.get("output_index")
+    return index if isinstance(index, int) and not isinstance(index, bool) else item_id
+
+
 def _str(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
@@ -193,7 +202,7 @@ class ResponseEvents:
         self.response_id = response_id
         self.last_sequence: int | None = None
         self.finished = False
-        self._calls: dict[int, int] = {}  # output_index → tool-call index
+        self._calls: dict[Any, int] = {}  # output_index (or the item's id) → tool-call index
         self._arguments: dict[int, str] = {}  # tool-call index → the arguments text handed out
 
     def chunks(self, event: Any) -> list[StreamChunk]:
@@ -208,7 +217,7 @@ class ResponseEvents:
         if kind in ("response.reasoning_text.delta", "response.reasoning_summary_text.delta"):
             return [StreamChunk(reasoning=str(event.get("delta", "")), raw=event)]
         if kind == "response.function_call_arguments.delta":
-            index = self._calls.get(event.get("output_index", -1))
+            index = self._calls.get(_position(event, event.get("item_id")))
             if index is None:
                 raise ProviderProtocolError(f"arguments for a call that was not announced: {str(event)[:200]}")
             return [self._arguments_piece(index, str(event.get("delta", "")), event)]
@@ -229,6 +238,7 @@ class ResponseEvents:
                 StreamChunk(
                     finish_reason=_finish(response, bool(self._calls)),
                     usage=_usage(response.get("usage")),
+                    timings=timings_from(event.get("timings")),  # llama-server's, beside the response
                     model=_str(response.get("model")),
                     raw=event,
                 )
@@ -241,7 +251,7 @@ class ResponseEvents:
         item = event.get("item")
         if not isinstance(item, dict) or item.get("type") != "function_call":
             return []
-        position = event.get("output_index", len(self._calls))
+        position = _position(event, item.get("id"))
         index = self._calls.get(position)
         if index is None:
             index = self._calls[position] = len(self._calls)
@@ -319,6 +329,7 @@ def completion_from_response(obj: Any) -> Completion:
                 )
             )
     return Completion(
+        timings=timings_from(obj.get("timings")),
         content="".join(content),
         finish_reason=_finish(obj, bool(calls)),
         usage=_usage(obj.get("usage")),

@@ -9,6 +9,9 @@
   severed private connection is all it needs. ``X-Conversation-Id`` is sent only for
   ``resumable=True`` (docs/resumable.md): with it the server keeps generating after a disconnect,
   so that call's stop also sends ``DELETE /v1/stream``; a user's own header is refused.
+* ``wire="responses"``: llama-server's ``/v1/responses`` (foreground only: it has no background
+  mode, so ``resumable=True`` stays on the chat route with ``X-Conversation-Id``). It ignores
+  ``text.format``; structured output is sent in its chat field as well.
 * Models: single-model servers cannot unload (``NotSupportedError``, after our in-flight calls
   were stopped); router-mode servers (started without ``-m``) load/unload via ``/models/load``
   and ``/models/unload``.
@@ -33,6 +36,7 @@ from abstract_client.types import GenerationRequest, StreamChunk, Usage
 from .openai_compatible import (
     STOP_REACH_S,
     OpenAICompatibleProvider,
+    response_format_field,
     resumable_sse_chunks,
     sampling_fields,
     server_root,
@@ -95,6 +99,17 @@ class LlamaCppProvider(OpenAICompatibleProvider):
             caps = props.get("chat_template_caps") if isinstance(props, dict) else None
             self._tool_calls = bool(caps.get("supports_tool_calls")) if isinstance(caps, dict) else False
         return self._tool_calls
+
+    def responses_request_body(self, request: GenerationRequest, *, stream: bool) -> dict[str, Any]:
+        """llama-server's ``/v1/responses`` converts the body to a chat request and drops
+        ``text.format``: structured output goes in its chat field (passed through, honoured),
+        and the reasoning switch as on chat."""
+        body = super().responses_request_body(request, stream=stream)
+        if request.response_format is not None:
+            body.setdefault("response_format", response_format_field(request.response_format))
+        if request.reasoning is not None:
+            body.setdefault("chat_template_kwargs", self.reasoning_fields(request.reasoning)["chat_template_kwargs"])
+        return body
 
     # -- raw completion (/completion) -------------------------------------------------------------
 

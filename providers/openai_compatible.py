@@ -33,7 +33,6 @@ from abstract_client.types import (
     Message,
     ResponseFormat,
     StreamChunk,
-    Timings,
     ToolCall,
     ToolCallDelta,
     Usage,
@@ -47,6 +46,7 @@ from ._responses import (
     responses_sse_chunks,
 )
 from ._server_cancel import ServerCancels
+from ._timings import timings_from
 
 log = logging.getLogger(__name__)
 
@@ -74,23 +74,6 @@ def usage_from(obj: Any) -> Usage | None:
         prompt_tokens=prompt if isinstance(prompt, int) else None,
         completion_tokens=completion if isinstance(completion, int) else None,
         cached_tokens=cached if isinstance(cached, int) and not isinstance(cached, bool) else None,
-    )
-
-
-def timings_from(obj: Any) -> Timings | None:
-    """llama-server's ``timings`` object (also returned by servers built on it)."""
-    if not isinstance(obj, dict):
-        return None
-
-    def num(key: str) -> float | None:
-        value = obj.get(key)
-        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-    return Timings(
-        prompt_ms=num("prompt_ms"),
-        predicted_ms=num("predicted_ms"),
-        prompt_tokens_per_s=num("prompt_per_second"),
-        tokens_per_s=num("predicted_per_second"),
     )
 
 

@@ -211,3 +211,37 @@ def test_back_to_back_calls_never_reuse_a_connection_llama_server_is_closing(
             assert [c for c in stream]
         assert lm.generate(messages=CAPITAL, max_tokens=3).content  # type: ignore[arg-type]
     assert not [r for r in caplog.records if "sending again" in r.getMessage()]
+
+
+# -- the Responses API (#42): llama-server's /v1/responses, foreground only ----------------------
+
+
+def test_the_responses_wire_answers_as_the_chat_wire_does(lm: LLM, llama: LlamaServer) -> None:
+    """Greedy text, usage and timings as on chat; structured output honoured (llama-server drops
+    ``text.format``: the lane sends its chat field too)."""
+    with create_llm("llamacpp", "smollm2", base_url=llama.url, wire="responses") as rlm:
+        chat = lm.generate(messages=CAPITAL, max_tokens=30, temperature=0)
+        for plain in (False, True):
+            answer = rlm.generate(messages=CAPITAL, max_tokens=30, temperature=0, plain_wire=plain)
+            assert answer.content == chat.content and "Paris" in answer.content
+            assert answer.usage is not None and answer.usage.prompt_tokens == chat.usage.prompt_tokens  # type: ignore[union-attr]
+            if not plain:  # the streamed answer's last event carries llama-server's timings
+                assert answer.timings.tokens_per_s is not None and answer.timings.tokens_per_s > 0
+        schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}
+        structured = rlm.generate(messages=CAPITAL, response_format=schema, max_tokens=60, temperature=0)
+        assert isinstance(structured.parsed, dict) and isinstance(structured.parsed["city"], str)
+
+
+def test_a_stop_on_the_responses_wire_cancels_the_task(llama: LlamaServer) -> None:
+    assert llama.wait_idle(10)
+    before = len(llama.cancelled_tasks())
+    stop = threading.Event()
+    with create_llm("llamacpp", "smollm2", base_url=llama.url, max_retries=0, wire="responses") as rlm:
+        with pytest.raises(GenerationCancelledError) as info:
+            for n, _ in enumerate(
+                rlm.stream("Tell me a long story.", max_tokens=2000, ignore_eos=True, cancel_event=stop)
+            ):
+                if n == 10:
+                    stop.set()
+        assert info.value.partial_text
+    assert_server_stopped(llama, before)

@@ -271,3 +271,31 @@ def test_a_background_stop_cancels_by_the_id_the_server_named_until_it_is_known(
         assert started.body["background"] is True and started.body["store"] is True
         cancel_path = f"/v1/responses/resp_{started.id}/cancel"
         assert wait_until(lambda: len(server.requests(cancel_path)) == 3, 10), [r.path for r in server.records]
+
+
+def test_llama_servers_tool_call_events_name_their_item_not_its_index() -> None:
+    """llama-server's /v1/responses sends no ``output_index``: an arguments delta names its call
+    by ``item_id`` (its server-task.cpp); two calls stay two calls."""
+    from providers._responses import ResponseEvents
+
+    events = ResponseEvents()
+    stream: list[dict[str, Any]] = [{"type": "response.created", "response": {"id": "resp_x", "status": "in_progress"}}]
+    for n, city in enumerate(("Paris", "Rome")):
+        item = {
+            "id": f"fc_{n}",
+            "arguments": "",
+            "call_id": f"call_{n}",
+            "name": "get_weather",
+            "type": "function_call",
+        }
+        stream.append({"type": "response.output_item.added", "item": item})
+        stream.append({"type": "response.function_call_arguments.delta", "delta": '{"city": ', "item_id": f"fc_{n}"})
+        stream.append({"type": "response.function_call_arguments.delta", "delta": f'"{city}"}}', "item_id": f"fc_{n}"})
+    stream.append({"type": "response.completed", "response": {"id": "resp_x", "status": "completed", "output": []}})
+    pieces = [c.tool_call for event in stream for c in events.chunks(event) if c.tool_call is not None]
+    calls: dict[int, list[str]] = {}
+    for piece in pieces:
+        calls.setdefault(piece.index, []).append(piece.arguments_fragment)
+    assert {i: "".join(parts) for i, parts in calls.items()} == {0: '{"city": "Paris"}', 1: '{"city": "Rome"}'}
+    assert [p.id for p in pieces if p.id] == ["call_0", "call_1"]
+    assert events.response_id == "resp_x" and events.finished
