@@ -373,6 +373,12 @@ def _gateway_config(args: argparse.Namespace) -> Any:
         config.max_body_bytes = int(args.max_body_mb * 2**20)
     if args.workers is not None:
         config.workers = args.workers
+    if args.max_background is not None:
+        config.max_background = args.max_background
+    if args.background_retention is not None:
+        config.background_retention = args.background_retention
+    if args.background_max_mb is not None:
+        config.background_max_bytes = int(args.background_max_mb * 2**20)
     if args.ui:
         config.ui = True
     if args.access_log:
@@ -456,6 +462,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=None, help="processes sharing the port (HTTP lanes only)")
     p.add_argument("--ui", action="store_true", help="serve a chat page with a Stop button at /")
     p.add_argument("--max-body-mb", type=float, default=None, help="largest request body in MiB (default 32): 413")
+    p.add_argument(
+        "--max-background", type=int, default=None, help="background responses held at once (default 64): then 429"
+    )
+    p.add_argument(
+        "--background-retention", type=float, default=None, help="seconds a finished background response is kept (600)"
+    )
+    p.add_argument(
+        "--background-max-mb", type=float, default=None, help="events one background response may hold, MiB (16)"
+    )
     p.add_argument("--log-level", default="info")
     p.add_argument(
         "--access-log", action="store_true", help="log a line per request (uvicorn's access log; off by default)"

@@ -33,6 +33,7 @@ from .browsers import BrowserPolicy
 from .config import GatewayConfig
 from .generation import embeddings_endpoint, generation_endpoint
 from .openai_wire import openai_error
+from .responses import BackgroundStore, cancel_response, get_response, responses_endpoint
 from .state import Gateway
 from .workers import Peers
 
@@ -44,6 +45,7 @@ log = logging.getLogger("abstract_client.gateway")
 def create_app(config: GatewayConfig, *, peers: Peers | None = None) -> Starlette:
     gateway = Gateway(config)
     gateway.peers = peers
+    gateway.background = BackgroundStore(gateway)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> Any:
@@ -60,6 +62,9 @@ def create_app(config: GatewayConfig, *, peers: Peers | None = None) -> Starlett
         Route("/v1/chat/completions", generation_endpoint(gateway, chat=True), methods=["POST"]),
         Route("/v1/completions", generation_endpoint(gateway, chat=False), methods=["POST"]),
         Route("/v1/embeddings", embeddings_endpoint(gateway), methods=["POST"]),
+        Route("/v1/responses", responses_endpoint(gateway), methods=["POST"]),
+        Route("/v1/responses/{response_id}", get_response, methods=["GET"]),
+        Route("/v1/responses/{response_id}/cancel", cancel_response, methods=["POST"]),
         Route("/v1/models", routes.models, methods=["GET"]),
         Route("/v1/models/load", routes.load_or_unload, methods=["POST"]),
         Route("/v1/models/unload", routes.load_or_unload, methods=["POST"]),

@@ -81,6 +81,10 @@ class GatewayConfig:
     allowed_origins: list[str] = field(
         default_factory=list
     )  # web origins (besides the gateway's own page) that may call
+    # Responses API background responses (POST /v1/responses with background: true)
+    max_background: int = 64  # held at once (running, or finished and kept): more is a 429
+    background_retention: float = 600.0  # seconds a finished one is kept for GET / resume, then 404
+    background_max_bytes: int = 16 * 2**20  # events one may hold: past this it is stopped, failed
 
     def __post_init__(self) -> None:
         if not self.backends:
@@ -102,6 +106,15 @@ class GatewayConfig:
             _check(getattr(self, field_name), (int, float), field_name)
             if not getattr(self, field_name) > 0:
                 raise ConfigError(f"{field_name} must be > 0 seconds")
+        _check(self.max_background, int, "max_background")
+        if self.max_background < 0:
+            raise ConfigError("max_background must be >= 0 (0: no background responses)")
+        _check(self.background_retention, (int, float), "background_retention")
+        if not (math.isfinite(self.background_retention) and self.background_retention > 0):
+            raise ConfigError("background_retention must be > 0 seconds")
+        _check(self.background_max_bytes, int, "background_max_bytes")
+        if self.background_max_bytes < 4096:
+            raise ConfigError("background_max_bytes must be at least 4096")
         _check(self.ui, bool, "ui")
         _check(self.access_log, bool, "access_log")
         _check(self.workers, int, "workers")
@@ -154,6 +167,9 @@ _SERVER_KEYS = {
     "ui",
     "allowed_hosts",
     "allowed_origins",
+    "max_background",
+    "background_retention",
+    "background_max_bytes",
 }
 _BACKEND_KEYS = set(BackendConfig.__dataclass_fields__)
 

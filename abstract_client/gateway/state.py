@@ -116,6 +116,7 @@ class Gateway:
         self.stop_records: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.loop: asyncio.AbstractEventLoop | None = None  # set at start-up (uvicorn's loop)
         self.peers: Peers | None = None  # the sibling workers, when there are several
+        self.background: Any = None  # responses.BackgroundStore (set by create_app)
 
     def backend_for(self, model: Any, *, exact: bool = False) -> Backend | None:
         """The backend serving ``model``. A generation on a one-backend gateway reaches it by

@@ -6,7 +6,9 @@ client's disconnect is seen by the worker that serves it, so the stop chain stay
 process. Only ``POST /v1/requests/{id}/cancel`` (and a model unload) can land on another worker
 than the request: each worker listens on a Unix socket in a private run directory, and a worker
 that does not hold the request asks its peers (every peer at once; the holder checks the
-caller's key exactly as it would locally).
+caller's key exactly as it would locally). A background response outlives its connection, so
+its GET (a resumed stream) and its cancel can land anywhere: its id names its worker, and the
+request is relayed to that one (``relay``), its answer streamed back.
 
 In-process lanes (MLX) stay in one process: N workers would load N copies of the model, and an
 eject would free only one of them.
@@ -27,13 +29,13 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 from .request_ids import flights_named
 
-__all__ = ["Peers", "run_workers"]
+__all__ = ["Peers", "relay", "run_workers"]
 
 log = logging.getLogger("abstract_client.gateway")
 _ASK_TIMEOUT = 2.0  # a peer that does not answer within this is treated as not holding it
@@ -56,6 +58,9 @@ class Peers:
         async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             try:
                 line = (await reader.readline()).decode().split()
+                if line[:1] == ["response"]:  # a background response's GET or cancel, relayed
+                    await gateway.background.answer_peer(line[1:], writer)
+                    return
                 writer.write(b"1\n" if _handle(gateway, line) else b"0\n")
                 await writer.drain()
             except (OSError, UnicodeDecodeError):
@@ -89,6 +94,35 @@ class Peers:
 
         answers = await asyncio.gather(*(one(i) for i in range(self.count) if i != self.index))
         return any(answers)
+
+
+async def relay(path: str, line: str) -> tuple[int, str, AsyncIterator[bytes]] | None:
+    """Send ``line`` to the worker listening on ``path`` and read its answer: ``(status, kind,
+    body)`` — kind ``json`` or ``sse``, the body read on as it comes — or None if it cannot be
+    reached. The body's reader closes the connection when it is done or dropped (a reader that
+    leaves stops the owner's relaying)."""
+    try:
+        async with asyncio.timeout(_RELAY_TIMEOUT):
+            reader, writer = await asyncio.open_unix_connection(path)
+            writer.write(line.encode() + b"\n")
+            await writer.drain()
+            head = (await reader.readline()).decode().split()
+        status, kind = int(head[0]), head[1]
+    except (OSError, TimeoutError, ValueError, IndexError, UnicodeDecodeError):
+        return None
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            while part := await reader.read(65536):
+                yield part
+        finally:
+            writer.close()
+
+    return status, kind, body()
+
+
+# a relayed cancel answers once the engine stopped (it waits up to 10 s): more than that
+_RELAY_TIMEOUT = 15.0
 
 
 def _handle(gateway: Any, words: list[str]) -> bool:

@@ -1,0 +1,439 @@
+"""``/v1/responses``: the OpenAI Responses API in front of every backend, in-process ones included.
+
+* **Foreground** (``background`` false): a generation like chat's — the same :class:`Flight`,
+  slot and stop — whose client's disconnect stops the engine. Streamed as Responses events
+  (``responses_wire.ResponseBuilder``), or answered as one ``response`` object.
+* **Background** (``background: true``): the generation belongs to the gateway, not to the
+  connection that asked for it. It runs until done or cancelled; its events are kept (numbered
+  from 0) so that any number of readers can read them — ``GET /v1/responses/{id}?stream=true
+  &starting_after=N`` — and a reader's disconnect stops only that reader.
+  ``POST /v1/responses/{id}/cancel`` stops the engine (the owner's key, or the admin's).
+* **Bounded** (``GatewayConfig``): ``max_background`` held at once (then a 429, code
+  ``too_many_background_responses``); a finished one is kept ``background_retention`` seconds
+  (then a 404); one may hold ``background_max_bytes`` of events (then it is stopped and ends
+  ``failed``, code ``response_too_large``).
+* **Workers**: a background response's id names the worker that runs it (``resp_w2_…``); a
+  GET or a cancel that lands on another worker is relayed to it over the workers' Unix
+  sockets (``workers.Peers``). Across hosts, route ``/v1/responses/{id}*`` by that prefix
+  (docs/resumable.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import anyio
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Send
+
+from ..errors import GenerationCancelledError
+from ..types import GenerateResult, StreamChunk, ToolCallDelta
+from .asgi import GenerationResponse, guarded_send, guarded_send_json
+from .body import error_response, no_backend, read_json, request_id_of
+from .openai_wire import BadRequest, error_body, generation_args, openai_error
+from .request_ids import scoped
+from .responses_wire import ResponseBuilder, chat_body_of, encode_event, new_response_id
+from .sse_writer import FrameWriter
+from .state import Backend, Flight, Gateway
+from .workers import relay
+
+__all__ = ["BackgroundStore", "cancel_response", "get_response", "responses_endpoint"]
+
+log = logging.getLogger("abstract_client.gateway")
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+RESPONSE_ID = re.compile(r"^resp_(?:w(\d+)_)?[0-9a-f]{32}$")
+_CANCEL_WAIT_S = 10.0  # how long a cancel waits for the engine's stop before it answers
+
+
+class Background:
+    """One background response: its generation's flight, its events, its readers' wake-up."""
+
+    def __init__(self, builder: ResponseBuilder, flight: Flight, owner: str | None) -> None:
+        self.builder, self.flight, self.owner = builder, flight, owner
+        self.events: list[bytes] = []
+        self.bytes = 0
+        self.done = False
+        self.finished_at: float | None = None
+        self.too_large = False
+        self._changed = asyncio.Event()
+
+    @property
+    def id(self) -> str:
+        return self.builder.id
+
+    def append(self, events: list[dict[str, Any]], limit: int) -> None:
+        """Keep ``events`` and wake the readers; past ``limit`` bytes the generation is stopped
+        (its last events are kept whatever their size: a reader must see how it ended)."""
+        for event in events:
+            data = encode_event(event)
+            self.events.append(data)
+            self.bytes += len(data)
+        if self.bytes > limit and not self.done and not self.too_large:
+            self.too_large = True
+            self.flight.stop("background_limit")
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def end(self) -> None:
+        self.done, self.finished_at = True, time.monotonic()
+        self._changed.set()
+
+    async def follow(self, after: int | None) -> AsyncIterator[bytes]:
+        """The events after sequence number ``after`` (all of them for None), then the live ones
+        until the last."""
+        index = 0 if after is None else after + 1
+        while True:
+            changed = self._changed
+            while index < len(self.events):
+                yield self.events[index]
+                index += 1
+            if self.done:
+                return
+            await changed.wait()
+
+
+class BackgroundStore:
+    """The background responses a gateway (worker) holds, bounded in count, time and bytes."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.items: OrderedDict[str, Background] = OrderedDict()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def purge(self) -> None:
+        """Forget the finished ones kept past their retention."""
+        horizon = time.monotonic() - self.gateway.config.background_retention
+        for key in [
+            k for k, b in self.items.items() if b.done and b.finished_at is not None and b.finished_at < horizon
+        ]:
+            del self.items[key]
+
+    def room(self) -> bool:
+        """Room for one more: the oldest finished ones are dropped to make it."""
+        self.purge()
+        limit = self.gateway.config.max_background
+        for key in [k for k, b in self.items.items() if b.done]:
+            if len(self.items) < limit:
+                break
+            del self.items[key]
+        return len(self.items) < limit
+
+    async def answer_peer(self, words: list[str], writer: asyncio.StreamWriter) -> None:
+        """A GET or cancel relayed by another worker (``workers.relay``): ``get|cancel <id>
+        <owner|-> <admin 0|1> <stream> <starting_after|->``; answered ``<status> json|sse``,
+        then the body."""
+        if len(words) != 6 or words[0] not in ("get", "cancel"):
+            writer.write(b"400 json\n")
+            return
+        action, response_id, owner, admin, stream, after = words
+        record = self.get(response_id, None if owner == "-" else owner, admin == "1")
+        if record is None:
+            body = openai_error("no such background response", "invalid_request_error", "not_found")
+            writer.write(b"404 json\n" + json.dumps(body).encode())
+            return
+        if action == "cancel":
+            await _cancelled(record)
+        elif stream.lower() in ("true", "1"):
+            writer.write(b"200 sse\n")
+            async for event in record.follow(None if after == "-" else int(after)):
+                writer.write(event)
+                await writer.drain()  # a relaying worker whose reader left: OSError ends this
+            return
+        writer.write(b"200 json\n" + json.dumps(record.builder.response()).encode())
+        await writer.drain()
+
+    def get(self, response_id: str, owner: str | None, admin: bool) -> Background | None:
+        self.purge()
+        record = self.items.get(response_id)
+        if record is None or not (admin or record.owner == owner):
+            return None  # another key's response is not even confirmed to exist
+        return record
+
+    def start(self, record: Background, kwargs: dict[str, Any]) -> None:
+        self.items[record.id] = record
+        task = asyncio.get_running_loop().create_task(self._run(record, kwargs), name=f"background {record.id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, record: Background, kwargs: dict[str, Any]) -> None:
+        gateway, flight, builder = self.gateway, record.flight, record.builder
+        backend = flight.backend
+        limit = gateway.config.background_max_bytes
+        gateway.flights[flight.call_id] = flight
+        gateway.metrics.started(backend.name)
+        status = 500
+        try:
+            status = await self._in_slot(record, kwargs, limit)
+        except Exception:  # never lose a background response silently
+            log.exception("background response %s failed", record.id)
+            if not record.done:
+                record.append(builder.failed(RuntimeError("the gateway failed this response")), limit)
+        finally:
+            flight.finished = True
+            gateway.flights.pop(flight.call_id, None)
+            gateway.metrics.finished(backend.name, "responses", status)
+            record.end()
+
+    async def _in_slot(self, record: Background, kwargs: dict[str, Any], limit: int) -> int:
+        flight, builder, backend = record.flight, record.builder, record.flight.backend
+        with anyio.CancelScope() as queued:
+            flight.queue_scope = queued
+            with anyio.move_on_after(backend.cfg.queue_timeout) as waited:
+                await backend.slots.acquire()
+        flight.queue_scope = None
+        if queued.cancelled_caught or waited.cancelled_caught:
+            err: Exception = (
+                GenerationCancelledError(f"stopped while queued ({flight.reason})", reason="user")
+                if queued.cancelled_caught
+                else TimeoutError(f"{backend.name} is busy: no slot within {backend.cfg.queue_timeout}s")
+            )
+            record.append(builder.failed(err), limit)
+            return 499 if queued.cancelled_caught else 503
+        try:
+            record.append(builder.started(), limit)
+            stream = backend.llm.astream(**kwargs, signal=flight.controller.signal, request_id=flight.call_id)
+            async with stream:
+                async for chunk in stream:
+                    events = builder.chunk(chunk)
+                    if events:
+                        record.append(events, limit)
+            result: GenerateResult = stream.result()
+            self.gateway.metrics.prompt(backend.name, result.usage)
+            record.append(builder.finished(result), limit)
+            return 200
+        except GenerationCancelledError as err:
+            self.gateway.stop_recorded(flight, err)
+            if record.too_large:
+                message = f"the response's events passed {limit} bytes (background_max_bytes): it was stopped"
+                record.append(builder.failed_with("response_too_large", message), limit)
+                return 507
+            record.append(builder.failed(err), limit)
+            return 499
+        except Exception as err:
+            record.append(builder.failed(err), limit)
+            return error_body(err)[0]
+        finally:
+            backend.slots.release()
+
+
+def responses_endpoint(gateway: Gateway) -> Callable[[Request], Awaitable[Any]]:
+    async def handle(request: Request) -> Any:
+        try:
+            body = await read_json(request)
+            chat, stream, background = chat_body_of(body)
+            kwargs, _, _ = generation_args(chat, chat=True)
+        except BadRequest as err:
+            return error_response(err)
+        backend = gateway.backend_for(body.get("model"))
+        if backend is None:
+            return no_backend(body.get("model"))
+        model = str(body.get("model") or backend.name)
+        if background:
+            return _start_background(gateway, request, backend, body, kwargs, model, stream)
+        request_id = request_id_of(request)
+        builder = ResponseBuilder(f"resp_{request_id}", model, body, background=False)
+
+        async def run(flight: Flight, send: Send) -> int:
+            if stream:
+                return await _foreground_stream(gateway, flight, send, kwargs, builder)
+            return await _foreground_whole(gateway, flight, send, kwargs, builder)
+
+        return GenerationResponse(gateway, backend, request_id, "responses", run)
+
+    return handle
+
+
+def _start_background(
+    gateway: Gateway,
+    request: Request,
+    backend: Backend,
+    body: dict[str, Any],
+    kwargs: dict[str, Any],
+    model: str,
+    stream: bool,
+) -> Response:
+    store = gateway.background
+    if not store.room():
+        message = f"this gateway holds {gateway.config.max_background} background responses (max_background)"
+        return JSONResponse(openai_error(message, "rate_limit_error", "too_many_background_responses"), 429)
+    prefix = f"w{gateway.peers.index}_" if gateway.peers is not None else ""
+    builder = ResponseBuilder(new_response_id(prefix), model, body, background=True)
+    owner = request.scope["state"].get("owner")
+    flight = Flight(builder.id, backend, write_timeout=gateway.config.write_timeout, loop=asyncio.get_running_loop())
+    flight.owner, flight.call_id = owner, scoped(builder.id, owner)
+    record = Background(builder, flight, owner)
+    store.start(record, kwargs)
+    if stream:
+        return _event_stream(record, None)
+    return JSONResponse(builder.response())
+
+
+def _event_stream(record: Background, after: int | None) -> StreamingResponse:
+    """A reader of a background response: its disconnect ends the reading, never the response."""
+    return StreamingResponse(record.follow(after), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+async def _foreground_whole(
+    gateway: Gateway, flight: Flight, send: Send, kwargs: dict[str, Any], builder: ResponseBuilder
+) -> int:
+    try:
+        result = await flight.backend.llm.agenerate(
+            **kwargs, signal=flight.controller.signal, request_id=flight.call_id
+        )
+    except GenerationCancelledError as err:
+        gateway.stop_recorded(flight, err)
+        if not flight.client_gone:
+            await guarded_send_json(send, flight, *error_body(err))
+        return 499
+    except Exception as err:
+        status, payload = error_body(err)
+        await guarded_send_json(send, flight, status, payload)
+        return status
+    gateway.metrics.prompt(flight.backend.name, result.usage)
+    for chunk in _result_chunks(result):
+        builder.chunk(chunk)
+    builder.finished(result)
+    await guarded_send_json(send, flight, 200, builder.response())
+    return 200
+
+
+def _result_chunks(result: GenerateResult) -> list[StreamChunk]:
+    """A whole answer as the chunks a stream of it would have been (the builder's one path)."""
+    chunks = [StreamChunk(reasoning=result.reasoning or ""), StreamChunk(delta=result.content or "")]
+    for n, call in enumerate(result.tool_calls or []):
+        piece = ToolCallDelta(index=n, id=call.id, name=call.name, arguments_fragment=json.dumps(call.arguments))
+        chunks.append(StreamChunk(tool_call=piece))
+    return chunks
+
+
+async def _foreground_stream(
+    gateway: Gateway, flight: Flight, send: Send, kwargs: dict[str, Any], builder: ResponseBuilder
+) -> int:
+    """Responses events over SSE; as on chat, the response starts with the first chunk (an
+    error before it gets its own status), a later error is the stream's ``error`` event, and a
+    client that left is sent nothing more."""
+    writer = FrameWriter(lambda message: guarded_send(send, flight, message))
+    status = 200
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(writer.run)
+        try:
+            stream = flight.backend.llm.astream(**kwargs, signal=flight.controller.signal, request_id=flight.call_id)
+            async with stream:
+                async for chunk in stream:
+                    events = builder.chunk(chunk)
+                    if events:
+                        writer.start()
+                        writer.write(b"".join(encode_event(e) for e in events))
+                        if writer.behind:
+                            await writer.room()
+            result: GenerateResult = stream.result()
+            gateway.metrics.prompt(flight.backend.name, result.usage)
+            tail = builder.finished(result)
+            writer.start()
+            writer.finish(b"".join(encode_event(e) for e in tail))
+        except GenerationCancelledError as err:
+            gateway.stop_recorded(flight, err)
+            status = 499
+            if flight.client_gone:
+                writer.abandon()
+            elif writer.started:
+                writer.finish(b"".join(encode_event(e) for e in builder.failed(err)))
+            else:
+                writer.abandon()
+                await guarded_send_json(send, flight, *error_body(err))
+        except Exception as err:
+            status, payload = error_body(err)
+            if writer.started:
+                writer.finish(b"".join(encode_event(e) for e in builder.failed(err)))
+            else:
+                writer.abandon()
+                await guarded_send_json(send, flight, status, payload)
+    return status
+
+
+# -- GET /v1/responses/{id}, POST /v1/responses/{id}/cancel ----------------------------------------
+
+
+def _not_found() -> JSONResponse:
+    return JSONResponse(openai_error("no such background response", "invalid_request_error", "not_found"), 404)
+
+
+def _lookup(request: Request) -> tuple[Gateway, Background | None, str]:
+    gateway: Gateway = request.app.state.gateway
+    state = request.scope["state"]
+    response_id = request.path_params["response_id"]
+    return gateway, gateway.background.get(response_id, state.get("owner"), bool(state.get("admin"))), response_id
+
+
+async def get_response(request: Request) -> Response:
+    gateway, record, response_id = _lookup(request)
+    if record is None:
+        relayed = await _relay(gateway, request, response_id)
+        return relayed if relayed is not None else _not_found()
+    stream = request.query_params.get("stream", "false").lower()
+    if stream not in ("true", "false", "1", "0"):
+        return error_response(BadRequest("stream must be true or false"))
+    if stream in ("false", "0"):
+        return JSONResponse(record.builder.response())
+    after = request.query_params.get("starting_after")
+    try:
+        after_n = None if after is None else int(after)
+    except ValueError:
+        return error_response(BadRequest(f"starting_after must be an integer, not {after[:40]!r}"))
+    if after_n is not None and after_n < -1:
+        return error_response(BadRequest("starting_after must be >= -1"))
+    return _event_stream(record, after_n)
+
+
+async def cancel_response(request: Request) -> Response:
+    gateway, record, response_id = _lookup(request)
+    if record is None:
+        relayed = await _relay(gateway, request, response_id)
+        return relayed if relayed is not None else _not_found()
+    await _cancelled(record)
+    return JSONResponse(record.builder.response())
+
+
+async def _cancelled(record: Background) -> None:
+    """Stop a background response's engine; return once it stopped (bounded), so the answer
+    says how it ended."""
+    if record.done:
+        return
+    record.flight.stop("cancel_endpoint")
+    with anyio.move_on_after(_CANCEL_WAIT_S):
+        async for _ in record.follow(len(record.events) - 1):
+            pass
+
+
+async def _relay(gateway: Gateway, request: Request, response_id: str) -> Response | None:
+    """A response another worker holds (its id names it): the request is relayed to that
+    worker, which checks the caller's key as it would locally, and its answer streamed back."""
+    match = RESPONSE_ID.match(response_id)
+    peers = gateway.peers
+    if match is None or match.group(1) is None or peers is None or int(match.group(1)) == peers.index:
+        return None
+    state = request.scope["state"]
+    action = "cancel" if request.url.path.endswith("/cancel") else "get"
+    stream = request.query_params.get("stream", "false")
+    after = request.query_params.get("starting_after", "-")
+    if not re.fullmatch(r"-?\d+|-", after) or not re.fullmatch(r"[A-Za-z0-9]+", stream):
+        return error_response(BadRequest("starting_after must be an integer and stream true or false"))
+    owner, admin = state.get("owner") or "-", "1" if state.get("admin") else "0"
+    line = f"response {action} {response_id} {owner} {admin} {stream} {after}"
+    answer = await relay(peers.path(int(match.group(1))), line)
+    if answer is None:
+        return None
+    status, kind, body = answer
+    if kind == "sse":
+        return StreamingResponse(body, status_code=status, media_type="text/event-stream", headers=SSE_HEADERS)
+    data = b"".join([part async for part in body])
+    return Response(data, status_code=status, media_type="application/json")
