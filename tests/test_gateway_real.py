@@ -290,3 +290,48 @@ def test_an_in_process_stop_is_recorded_with_the_engines_own_figures(
         record = httpx.get(gw.url + "/v1/requests/held-1", timeout=10).json()
         assert record["reason"] == "client_disconnect" and record["tokens_after_stop"] == 0
         assert record["stop_to_engine_stopped_ms"] >= 0
+
+
+@needs_mlx
+def test_responses_on_an_in_process_engine_run_past_their_reader_and_stop_by_cancel(tiny_dir: Path) -> None:
+    """``/v1/responses`` in front of an in-process engine (#42): a foreground stream stops when
+    its client leaves, a background one generates on without a reader and its cancel stops the
+    engine — by the engine's own record."""
+    config = GatewayConfig(backends=[BackendConfig(name="tiny", provider="mlx", model=str(tiny_dir))])
+    with InProcessGateway(config) as gw:
+        provider = gw.gateway.backends["tiny"].llm.provider
+        body = {"model": "tiny", "input": "Tell me a story.", "max_output_tokens": 100_000, "logit_bias": {1: -1e9}}
+
+        def leave_after(n: int, **extra: Any) -> list[dict[str, Any]]:
+            seen = []
+            with httpx.stream("POST", gw.url + "/v1/responses", json={**body, **extra}, timeout=120) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        seen.append(json.loads(line[6:]))
+                        if len(seen) == n:
+                            break
+            return seen
+
+        foreground = leave_after(8, stream=True)[0]["response"]["id"]
+        assert wait_until(lambda: gw.gateway.metrics.stops[("tiny", "client_disconnect")] == 1, 30)
+        assert provider.thread.wait_idle(30)
+        stopped = provider.stats(foreground.removeprefix("resp_"))
+        assert stopped is not None and stopped.stopped_in == "decode" and not stopped.finished
+
+        response_id = leave_after(8, stream=True, background=True)[0]["response"]["id"]
+        url = f"{gw.url}/v1/responses/{response_id}"
+
+        def text() -> str:
+            output = httpx.get(url, timeout=10).json()["output"]
+            return "".join(part["text"] for item in output for part in item.get("content", []))
+
+        so_far = len(text())
+        assert wait_until(lambda: len(text()) > so_far + 20, 30), "the engine stopped with its reader"
+        cancelled = httpx.post(url + "/cancel", timeout=30).json()
+        assert cancelled["status"] == "cancelled"
+        assert provider.thread.wait_idle(30)
+        stats = provider.stats(response_id)
+        assert stats is not None and stats.stopped_in == "decode" and stats.tokens_at_stop == stats.tokens
+        assert wait_until(lambda: httpx.get(f"{gw.url}/v1/requests/{response_id}", timeout=10).status_code == 200, 30)
+        record = httpx.get(f"{gw.url}/v1/requests/{response_id}", timeout=10).json()
+        assert record["reason"] == "cancel_endpoint" and record["tokens_after_stop"] == 0

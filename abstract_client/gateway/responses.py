@@ -112,9 +112,8 @@ class BackgroundStore:
     def purge(self) -> None:
         """Forget the finished ones kept past their retention."""
         horizon = time.monotonic() - self.gateway.config.background_retention
-        for key in [
-            k for k, b in self.items.items() if b.done and b.finished_at is not None and b.finished_at < horizon
-        ]:
+        stale = [k for k, b in self.items.items() if b.finished_at is not None and b.finished_at < horizon]
+        for key in stale:
             del self.items[key]
 
     def room(self) -> bool:

@@ -1,0 +1,285 @@
+"""The gateway's ``/v1/responses`` (#42) in front of fake upstreams on real sockets, driven by
+openai-python, httpx and this library's own ``wire="responses"`` lane.
+
+* Foreground: the same answers as chat, and the same stop: the client's disconnect severs the
+  upstream (the fake's disconnect record).
+* Background: the generation belongs to the gateway: a reader's disconnect leaves it running
+  (the upstream keeps writing), a resume reads on after the last event it had (no event lost or
+  repeated), ``POST …/cancel`` stops it (the upstream is severed) — the owner's key or the
+  admin's only. Bounded in count (429), retention (404) and bytes (failed, upstream severed).
+* ``--workers 2``: a GET or cancel that lands on the other worker is relayed to the owner.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from abstract_client import GenerationCancelledError, create_llm
+from abstract_client.gateway.config import BackendConfig, GatewayConfig
+from abstract_client.testing import FakeOpenAIServer
+from abstract_client.testing.gateway import GatewayProcess, InProcessGateway
+
+from .cutting_proxy import CuttingProxy
+from .helpers import WEATHER_TOOL, wait_until
+
+
+@pytest.fixture
+def upstream() -> Iterator[FakeOpenAIServer]:
+    with FakeOpenAIServer(token_delay=0.01) as server:
+        yield server
+
+
+def gateway_of(upstream: FakeOpenAIServer, **server: Any) -> InProcessGateway:
+    backend = BackendConfig(name="m", provider="openai-compatible", model="fake-model", base_url=upstream.base_url)
+    return InProcessGateway(GatewayConfig(backends=[backend], **server))
+
+
+@pytest.fixture
+def gw(upstream: FakeOpenAIServer) -> Iterator[InProcessGateway]:
+    with gateway_of(upstream) as gateway:
+        yield gateway
+
+
+def client(gw: Any, key: str = "unused") -> openai.OpenAI:
+    return openai.OpenAI(base_url=gw.url + "/v1", api_key=key, max_retries=0)
+
+
+def events_of(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
+    for line in lines:
+        if line.startswith("data: "):
+            yield json.loads(line[6:])
+
+
+def text_of(events: list[dict[str, Any]]) -> str:
+    return "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+
+
+# -- foreground ---------------------------------------------------------------------------------
+
+
+def test_foreground_answers_whole_and_streamed_as_chat_does(upstream: FakeOpenAIServer, gw: InProcessGateway) -> None:
+    upstream.behavior.answer = "one two three"
+    api = client(gw)
+    chat = api.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi there"}])
+    whole = api.responses.create(model="m", input="hi there", instructions="Be brief.")
+    assert whole.status == "completed" and whole.output_text == chat.choices[0].message.content == "one two three"
+    assert whole.usage is not None and whole.usage.output_tokens == 3
+    with api.responses.stream(model="m", input="hi there") as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_response()
+    assert final.output_text == "one two three" and kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds[-1] == "response.completed" and "response.output_item.done" in kinds
+    sent = upstream.requests("/v1/chat/completions")[1].body  # the whole answer's: with instructions
+    assert sent["messages"][0] == {"role": "system", "content": "Be brief."}
+    cut = api.responses.create(model="m", input="x", max_output_tokens=2)
+    assert cut.status == "incomplete" and cut.incomplete_details is not None
+    assert cut.incomplete_details.reason == "max_output_tokens"
+
+
+def test_foreground_tool_calls_and_structured_output(upstream: FakeOpenAIServer, gw: InProcessGateway) -> None:
+    upstream.behavior.script = [
+        {"tool": 0, "id": "call_a", "name": "get_weather", "arguments": '{"city": '},
+        {"tool": 0, "arguments": '"Paris"}'},
+    ]
+    api = client(gw)
+    tool = {"type": "function", **WEATHER_TOOL["function"]}
+    answer = api.responses.create(model="m", input="weather?", tools=[tool])  # type: ignore[list-item]
+    (call,) = [item for item in answer.output if item.type == "function_call"]
+    assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Paris"} and call.call_id == "call_a"
+    sent = upstream.requests("/v1/chat/completions")[-1].body
+    assert sent["tools"] == [WEATHER_TOOL]
+    # the call's result goes back as a function_call_output item: a tool message upstream
+    upstream.behavior.script = None
+    upstream.behavior.answer = '{"city": "Paris"}'
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    answer = api.responses.create(
+        model="m",
+        input=[
+            {"role": "user", "content": "weather?"},
+            {"type": "function_call", "call_id": "call_a", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+            {"type": "function_call_output", "call_id": "call_a", "output": "sunny"},
+        ],
+        text={"format": {"type": "json_schema", "name": "city", "schema": schema}},
+    )
+    assert json.loads(answer.output_text) == {"city": "Paris"}
+    sent = upstream.requests("/v1/chat/completions")[-1].body
+    assert sent["messages"][1]["tool_calls"][0]["id"] == "call_a"
+    assert sent["messages"][2] == {"role": "tool", "tool_call_id": "call_a", "content": "sunny"}
+    assert sent["response_format"]["json_schema"]["schema"] == schema
+
+
+def test_a_foreground_stream_stops_when_its_client_leaves(upstream: FakeOpenAIServer, gw: InProcessGateway) -> None:
+    body = {"model": "m", "input": "x", "max_output_tokens": 100_000, "stream": True}
+    with httpx.stream("POST", gw.url + "/v1/responses", json=body, timeout=30) as r:
+        for n, _ in enumerate(events_of(r.iter_lines())):
+            if n == 10:
+                break
+    record = upstream.requests("/v1/chat/completions")[-1]
+    upstream.wait_for_disconnect(record, timeout=10)  # the upstream was severed
+    assert record.tokens_sent < 100_000
+
+
+def test_bad_responses_bodies_are_400(gw: InProcessGateway) -> None:
+    for body in (
+        {"model": "m"},
+        {"model": "m", "input": 5},
+        {"model": "m", "input": "x", "previous_response_id": "resp_1"},
+        {"model": "m", "input": "x", "background": True, "store": False},
+        {"model": "m", "input": "x", "tools": [{"type": "web_search"}]},
+        {"model": "m", "input": [{"type": "image_generation_call"}]},
+        {"model": "m", "input": "x", "text": {"format": {"type": "yaml"}}},
+    ):
+        answer = httpx.post(gw.url + "/v1/responses", json=body)
+        assert answer.status_code == 400, (body, answer.text)
+        assert answer.json()["error"]["type"] == "invalid_request_error"
+
+
+# -- background ---------------------------------------------------------------------------------
+
+
+def test_a_background_response_outlives_its_reader_and_resumes_exactly(
+    upstream: FakeOpenAIServer, gw: InProcessGateway
+) -> None:
+    """A reader that leaves after 10 events does not stop it (the upstream is never severed and
+    writes on); reading on after the last event it had gives the rest: no event lost or repeated."""
+    body = {"model": "m", "input": "x", "max_output_tokens": 200, "stream": True, "background": True}
+    seen: list[dict[str, Any]] = []
+    with httpx.stream("POST", gw.url + "/v1/responses", json=body, timeout=30) as r:
+        for event in events_of(r.iter_lines()):
+            seen.append(event)
+            if len(seen) == 10:
+                break
+    response_id = seen[0]["response"]["id"]
+    record = upstream.requests("/v1/chat/completions")[-1]
+    tokens = record.tokens_sent
+    assert wait_until(lambda: record.tokens_sent > tokens + 20, 10)  # it generates on, nobody reading
+    assert record.disconnected_at is None
+    url = f"{gw.url}/v1/responses/{response_id}"
+    with httpx.stream("GET", url, params={"stream": "true", "starting_after": seen[-1]["sequence_number"]}) as r:
+        rest = list(events_of(r.iter_lines()))
+    everything = seen + rest
+    assert [e["sequence_number"] for e in everything] == list(range(len(everything)))
+    assert text_of(everything) == "".join(f"tok{i} " for i in range(200))
+    assert everything[-1]["type"] == "response.incomplete"
+    assert httpx.get(url).json()["status"] == "incomplete"
+    assert record.completed and record.disconnected_at is None
+
+
+def test_a_background_response_is_stopped_by_its_cancel(upstream: FakeOpenAIServer, gw: InProcessGateway) -> None:
+    api = client(gw)
+    started = api.responses.create(model="m", input="x", max_output_tokens=100_000, background=True)
+    assert started.status in ("queued", "in_progress")
+    upstream.wait_for_request(1, timeout=10)
+    record = upstream.requests("/v1/chat/completions")[-1]
+    assert wait_until(lambda: record.tokens_sent > 10, 10)
+    reader: dict[str, Any] = {}
+
+    def read() -> None:
+        url = f"{gw.url}/v1/responses/{started.id}"
+        with httpx.stream("GET", url, params={"stream": "true"}, timeout=30) as r:
+            reader["last"] = list(events_of(r.iter_lines()))[-1]
+
+    thread = threading.Thread(target=read)
+    thread.start()
+    cancelled = api.responses.cancel(started.id)
+    assert cancelled.status == "cancelled" and cancelled.output_text
+    upstream.wait_for_disconnect(record, timeout=10)  # the engine was told
+    thread.join(10)
+    assert reader["last"]["type"] == "error" and reader["last"]["code"] == "response_cancelled"
+    stop = httpx.get(f"{gw.url}/v1/requests/{started.id}").json()
+    assert stop["reason"] == "cancel_endpoint"
+
+
+def test_only_the_owners_key_or_the_admins_reaches_a_background_response(upstream: FakeOpenAIServer) -> None:
+    with gateway_of(upstream, api_keys=["alice-key", "bob-key"], admin_key="root-key") as gw:
+        alice, bob, root = client(gw, "alice-key"), client(gw, "bob-key"), client(gw, "root-key")
+        first = alice.responses.create(model="m", input="x", max_output_tokens=100_000, background=True)
+        for call in (lambda: bob.responses.retrieve(first.id), lambda: bob.responses.cancel(first.id)):
+            with pytest.raises(openai.NotFoundError):
+                call()
+        assert alice.responses.retrieve(first.id).status in ("queued", "in_progress")
+        assert root.responses.cancel(first.id).status == "cancelled"
+        second = alice.responses.create(model="m", input="x", max_output_tokens=100_000, background=True)
+        assert alice.responses.cancel(second.id).status == "cancelled"
+        for record in upstream.requests("/v1/chat/completions"):
+            upstream.wait_for_disconnect(record, timeout=10)
+
+
+def test_background_responses_are_bounded_in_count_time_and_bytes(upstream: FakeOpenAIServer) -> None:
+    with gateway_of(upstream, max_background=1, background_retention=1.0, background_max_bytes=8192) as gw:
+        api = client(gw)
+        big = api.responses.create(model="m", input="x", max_output_tokens=100_000, background=True)
+        with pytest.raises(openai.RateLimitError) as refused:  # one is held: the next is refused
+            api.responses.create(model="m", input="x", background=True)
+        assert refused.value.code == "too_many_background_responses"
+        record = upstream.wait_for_request(1, timeout=10, path="/v1/chat/completions")
+        upstream.wait_for_disconnect(record, timeout=10)  # past 8 KiB of events it was stopped
+        assert record.tokens_sent < 1000
+        assert wait_until(lambda: api.responses.retrieve(big.id).status == "failed", 10)
+        failed = api.responses.retrieve(big.id)
+        assert failed.error is not None and failed.error.code == "response_too_large"  # type: ignore[comparison-overlap]
+        time.sleep(1.2)  # past its retention: forgotten, and its room is free
+        with pytest.raises(openai.NotFoundError):
+            api.responses.retrieve(big.id)
+        assert api.responses.create(model="m", input="x", max_output_tokens=3, background=True).id
+
+
+# -- this library's own Responses lane, through the gateway ------------------------------------
+
+
+def test_the_librarys_resumable_stream_through_the_gateway_survives_cuts_and_stops_by_cancel(
+    upstream: FakeOpenAIServer, gw: InProcessGateway
+) -> None:
+    with create_llm("openai-compatible", "m", base_url=gw.url + "/v1", wire="responses") as direct:
+        reference = "".join(c.delta for c in direct.stream("x", max_tokens=300))
+    proxy = CuttingProxy(gw.port, seed=7, cuts=4, cut_after=(1_500, 6_000))
+    try:
+        with create_llm("openai-compatible", "m", base_url=proxy.url + "/v1", wire="responses", max_retries=0) as llm:
+            text = "".join(c.delta for c in llm.stream("x", max_tokens=300, resumable=True))
+            assert len(proxy.cut_at) == 4 and text == reference
+            stop = threading.Event()
+            with pytest.raises(GenerationCancelledError):
+                for n, _ in enumerate(llm.stream("x", max_tokens=100_000, resumable=True, cancel_event=stop)):
+                    if n == 5:
+                        stop.set()
+    finally:
+        proxy.close()
+    last = upstream.requests("/v1/chat/completions")[-1]
+    upstream.wait_for_disconnect(last, timeout=10)  # the gateway's background generation was cancelled
+    assert last.tokens_sent < 100_000
+
+
+def test_workers_relay_a_background_response_to_the_worker_that_runs_it(
+    upstream: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    args = ["-p", "openai-compatible", "-u", upstream.base_url, "-m", "fake-model", "--name", "m", "--workers", "2"]
+    with GatewayProcess.launch(args, log_path=tmp_path / "gw.log") as gw:
+        started = httpx.post(
+            gw.url + "/v1/responses",
+            json={"model": "m", "input": "x", "max_output_tokens": 100_000, "background": True},
+        ).json()
+        assert started["id"].startswith(("resp_w0_", "resp_w1_"))
+        statuses = set()
+        for _ in range(12):  # new connections: the kernel spreads them over both workers
+            with httpx.Client() as fresh:
+                answer = fresh.get(f"{gw.url}/v1/responses/{started['id']}")
+                statuses.add(answer.status_code)
+                assert answer.json()["id"] == started["id"]
+        assert statuses == {200}
+        with httpx.Client() as fresh, fresh.stream(
+            "GET", f"{gw.url}/v1/responses/{started['id']}", params={"stream": "true", "starting_after": 2}
+        ) as r:
+            first = next(events_of(r.iter_lines()))
+            assert first["sequence_number"] == 3
+        with httpx.Client() as fresh:
+            assert fresh.post(f"{gw.url}/v1/responses/{started['id']}/cancel").json()["status"] == "cancelled"
+        upstream.wait_for_disconnect(upstream.requests("/v1/chat/completions")[-1], timeout=10)
