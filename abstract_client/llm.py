@@ -268,7 +268,8 @@ class LLM:
         if resumable and not self.provider.resumable_streams:
             raise NotSupportedError(
                 f"the {self.provider.name} lane has no resumable streams (llamacpp and vllm have; "
-                "an openai-compatible server with create_llm(..., wire='responses') may)", provider=self.provider.name
+                "an openai-compatible server with create_llm(..., wire='responses') may)",
+                provider=self.provider.name,
             )
         if resumable and extra.get("plain_wire"):
             raise ValueError("a resumable call is a stream: plain_wire=True cannot be resumed")

@@ -65,6 +65,46 @@ def make_consistent(body: Any) -> None:
             message["role"] = "user"
 
 
+def make_response_consistent(body: Any) -> None:
+    """The same for a ``/v1/responses`` body (flat tools, ``input`` items), and: a background
+    response must be stored."""
+    if not isinstance(body, dict):
+        return
+    if body.get("background") is True and body.get("store") is False:
+        body["store"] = True
+    tools = body.get("tools") if isinstance(body.get("tools"), list) else []
+    names: set[Any] = set()
+    for i, tool in enumerate(tools):
+        if isinstance(tool, dict) and isinstance(tool.get("name"), str):
+            if tool["name"] in names:
+                tool["name"] = f"{tool['name']}_{i}"
+            names.add(tool["name"])
+    choice = body.get("tool_choice")
+    named = choice.get("name") if isinstance(choice, dict) else None
+    if (choice == "required" and not names) or (
+        isinstance(choice, dict) and not (isinstance(named, str) and named in names)
+    ):
+        body["tool_choice"] = "none"
+    calls: set[str] = set()
+    items = body.get("input") if isinstance(body.get("input"), list) else []
+    for n, item in enumerate(items):
+        if not isinstance(item, dict):
+            continue
+        if item.get("type") == "function_call":
+            try:
+                json.loads(item.get("arguments"))  # type: ignore[arg-type]
+            except (TypeError, ValueError):
+                item["arguments"] = "{}"
+            calls.add(str(item.get("call_id")))
+        elif item.get("type") == "function_call_output" and str(item.get("call_id")) not in calls:
+            items[n] = {"role": "user", "content": str(item.get("output"))}
+    if items and all(isinstance(i, dict) and i.get("type") == "reasoning" for i in items):
+        items.append({"role": "user", "content": "hi"})  # reasoning alone is no conversation
+
+
 @schemathesis.hook
 def before_call(ctx: Any, case: Any, **kwargs: Any) -> None:
-    make_consistent(case.body)
+    if case.operation.path == "/v1/responses":
+        make_response_consistent(case.body)
+    else:
+        make_consistent(case.body)

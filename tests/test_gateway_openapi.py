@@ -22,6 +22,8 @@ from abstract_client.gateway import BackendConfig, GatewayConfig
 from abstract_client.testing import FakeOpenAIServer
 from abstract_client.testing.gateway import InProcessGateway
 
+from .helpers import wait_until
+
 
 @pytest.fixture(scope="module")
 def gateway() -> Iterator[InProcessGateway]:
@@ -142,3 +144,26 @@ def test_what_is_sent_is_what_the_document_says() -> None:
             chat_answer.validate(httpx.post(gw.url + "/v1/chat/completions", json={"messages": messages}).json())
             upstream.behavior.script = None
             text_answer.validate(httpx.post(gw.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 3}).json())
+
+            # /v1/responses: every event of a stream (reasoning, text, a tool call; one that
+            # fails midway ends with response.failed) and every response object
+            response_event, response_answer = _event_schemas(document, "/v1/responses")
+            upstream.behavior.script = script
+            events = _events(gw, "/v1/responses", {"input": "hi"})
+            upstream.behavior.script = None
+            upstream.inject("close_without_done")
+            events += _events(gw, "/v1/responses", {"input": "hi", "max_output_tokens": 8})
+            kinds = [json.loads(e)["type"] for e in events]
+            for event in events:
+                response_event.validate(json.loads(event))
+            assert {"response.reasoning_text.delta", "response.output_text.delta"} <= set(kinds)
+            assert {"response.function_call_arguments.delta", "response.completed", "response.failed"} <= set(kinds)
+            upstream.behavior.script = script
+            response_answer.validate(httpx.post(gw.url + "/v1/responses", json={"input": "hi"}).json())
+            upstream.behavior.script = None
+            started = httpx.post(gw.url + "/v1/responses", json={"input": "hi", "background": True}).json()
+            response_answer.validate(started)
+            url = f"{gw.url}/v1/responses/{started['id']}"
+            assert wait_until(lambda: httpx.get(url).json()["status"] != "in_progress", 10)
+            response_answer.validate(httpx.get(url).json())
+            response_answer.validate(httpx.post(url + "/cancel").json())

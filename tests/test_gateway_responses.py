@@ -275,9 +275,12 @@ def test_workers_relay_a_background_response_to_the_worker_that_runs_it(
                 statuses.add(answer.status_code)
                 assert answer.json()["id"] == started["id"]
         assert statuses == {200}
-        with httpx.Client() as fresh, fresh.stream(
-            "GET", f"{gw.url}/v1/responses/{started['id']}", params={"stream": "true", "starting_after": 2}
-        ) as r:
+        with (
+            httpx.Client() as fresh,
+            fresh.stream(
+                "GET", f"{gw.url}/v1/responses/{started['id']}", params={"stream": "true", "starting_after": 2}
+            ) as r,
+        ):
             first = next(events_of(r.iter_lines()))
             assert first["sequence_number"] == 3
         with httpx.Client() as fresh:

@@ -264,6 +264,157 @@ _RESPONSES = {
 }
 
 
+# -- the Responses API (/v1/responses) ------------------------------------------------------------
+
+_RESPONSE_TEXT_PART = {
+    "type": "object",
+    "required": ["type", "text"],
+    "properties": {"type": {"enum": ["input_text", "output_text", "text"]}, "text": {"type": "string"}},
+}
+_RESPONSE_ITEM = {
+    "oneOf": [
+        {
+            "type": "object",
+            "required": ["role", "content"],
+            "properties": {
+                "type": {"const": "message"},
+                "role": {"enum": ["user", "assistant", "system", "developer"]},
+                "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": _RESPONSE_TEXT_PART}]},
+            },
+        },
+        {
+            "type": "object",
+            "required": ["type", "call_id", "name", "arguments"],
+            "properties": {
+                "type": {"const": "function_call"},
+                "call_id": {"type": "string"},
+                "name": {"type": "string", "minLength": 1},
+                "arguments": {"type": "string"},  # JSON text
+            },
+        },
+        {
+            "type": "object",
+            "required": ["type", "call_id", "output"],
+            "properties": {
+                "type": {"const": "function_call_output"},
+                "call_id": {"type": "string"},  # a call an earlier item made
+                "output": {"type": "string"},
+            },
+        },
+        # an earlier answer's reasoning, sent back: dropped (the model reasons anew)
+        {"type": "object", "required": ["type"], "properties": {"type": {"const": "reasoning"}}},
+    ]
+}
+_RESPONSE_TOOL = {
+    "type": "object",
+    "required": ["type", "name"],
+    "properties": {
+        "type": {"const": "function"},
+        "name": {"type": "string", "minLength": 1},  # unique among the tools
+        "description": _or_null({"type": "string"}),
+        "parameters": _or_null({"type": "object"}),  # a JSON Schema (checked against its metaschema)
+        "strict": _or_null({"type": "boolean"}),
+    },
+}
+_RESPONSE_FORMAT = {
+    "oneOf": [
+        {"type": "object", "required": ["type"], "properties": {"type": {"enum": ["text", "json_object"]}}},
+        {
+            "type": "object",
+            "required": ["type", "name", "schema"],
+            "properties": {
+                "type": {"const": "json_schema"},
+                "name": {"type": "string"},
+                "schema": {"type": "object"},
+                "strict": _or_null({"type": "boolean"}),
+            },
+        },
+    ]
+}
+_RESPONSES_REQUEST = {
+    "type": "object",
+    "required": ["input"],
+    "properties": {
+        "model": _or_null({"type": "string"}),
+        "input": {"oneOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": _RESPONSE_ITEM}]},
+        "instructions": _or_null({"type": "string"}),
+        "max_output_tokens": _or_null({"type": "integer", "minimum": 1, "maximum": MAX_TOKENS_LIMIT}),
+        "temperature": _or_null({"type": "number", "minimum": 0}),
+        "top_p": _or_null({"type": "number", "minimum": 0, "maximum": 1}),
+        "seed": _or_null({"type": "integer", "minimum": -(2**63), "maximum": 2**64 - 1}),
+        "stream": _or_null({"type": "boolean"}),
+        "background": _or_null({"type": "boolean"}),  # needs store (not false)
+        "store": _or_null({"type": "boolean"}),
+        "tools": _or_null({"type": "array", "items": _RESPONSE_TOOL}),
+        "tool_choice": _or_null(
+            {
+                "oneOf": [
+                    {"enum": ["auto", "none", "required"]},
+                    {
+                        "type": "object",
+                        "required": ["type", "name"],
+                        "properties": {"type": {"const": "function"}, "name": {"type": "string", "minLength": 1}},
+                    },
+                ]
+            }
+        ),
+        "text": _or_null({"type": "object", "properties": {"format": _or_null(_RESPONSE_FORMAT)}}),
+        "reasoning": _or_null(
+            {
+                "type": "object",
+                "properties": {"effort": _or_null({"enum": ["none", "minimal", "low", "medium", "high"]})},
+            }
+        ),
+    },
+}
+_RESPONSE_SCHEMAS = {
+    "Response": {
+        "type": "object",
+        "required": ["id", "object", "created_at", "status", "output"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"const": "response"},
+            "created_at": {"type": "integer"},
+            "status": {"enum": ["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]},
+            "background": {"type": "boolean"},
+            "model": {"type": "string"},
+            "output": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["type", "id"],
+                    "properties": {
+                        "type": {"enum": ["message", "reasoning", "function_call"]},
+                        "id": {"type": "string"},
+                    },
+                },
+            },
+            "usage": _or_null(
+                {
+                    "type": "object",
+                    "required": ["input_tokens", "output_tokens", "total_tokens"],
+                    "properties": {
+                        "input_tokens": {"type": "integer", "minimum": 0},
+                        "output_tokens": {"type": "integer", "minimum": 0},
+                        "total_tokens": {"type": "integer", "minimum": 0},
+                    },
+                }
+            ),
+            "error": _or_null(
+                {"type": "object", "required": ["code", "message"], "properties": {"message": {"type": "string"}}}
+            ),
+        },
+    },
+    # one event of a response's stream: response.created … response.completed (or .incomplete,
+    # .failed, or an error event), numbered from 0
+    "ResponseEvent": {
+        "type": "object",
+        "required": ["type", "sequence_number"],
+        "properties": {"type": {"type": "string"}, "sequence_number": {"type": "integer", "minimum": 0}},
+    },
+}
+
+
 def _ref(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{name}"}
 
@@ -352,6 +503,7 @@ def openapi_document(*, ui: bool = False) -> dict[str, Any]:
     model_only = {"type": "object", "required": ["model"], "properties": {"model": {"type": "string"}}}
     get_ok = {"get": {"parameters": [_REQUEST_ID], "responses": {"200": _json_ok("ok"), **_ERRORS}}}
     path_id = {"name": "request_id", "in": "path", "required": True, "schema": {"type": "string"}}
+    response_id = {"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}
     document: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {
@@ -388,6 +540,34 @@ def openapi_document(*, ui: bool = False) -> dict[str, Any]:
                     "responses": {"200": _json_ok("the stop's record"), **_ERRORS},
                 }
             },
+            "/v1/responses": _post(
+                "a response (OpenAI Responses API; stream: SSE; background: runs until done or cancelled)",
+                _RESPONSES_REQUEST,
+                _json_ok("the response", _ref("Response"), frame="ResponseEvent"),
+            ),
+            "/v1/responses/{response_id}": {
+                "get": {
+                    "summary": "a background response: as it stands, or its events (stream=true) after starting_after",
+                    "parameters": [
+                        response_id,
+                        {"name": "stream", "in": "query", "required": False, "schema": {"type": "boolean"}},
+                        {
+                            "name": "starting_after",
+                            "in": "query",
+                            "required": False,
+                            "schema": {"type": "integer", "minimum": -1},
+                        },
+                    ],
+                    "responses": {"200": _json_ok("the response", _ref("Response"), frame="ResponseEvent"), **_ERRORS},
+                }
+            },
+            "/v1/responses/{response_id}/cancel": {
+                "post": {
+                    "summary": "stop a background response (its engine is stopped)",
+                    "parameters": [response_id],
+                    "responses": {"200": _json_ok("the response as it ended", _ref("Response")), **_ERRORS},
+                }
+            },
             "/health": {"get": {"responses": {"200": _json_ok("alive")}}},
             "/metrics": {
                 "get": {
@@ -402,7 +582,7 @@ def openapi_document(*, ui: bool = False) -> dict[str, Any]:
             },
             "/openapi.json": {"get": {"responses": {"200": _json_ok("this document")}}},
         },
-        "components": {"schemas": {"Error": _ERROR, "Message": _MESSAGE, **_RESPONSES}},
+        "components": {"schemas": {"Error": _ERROR, "Message": _MESSAGE, **_RESPONSES, **_RESPONSE_SCHEMAS}},
     }
     if ui:
         page = {"description": "the chat page", "content": {"text/html": {"schema": {"type": "string"}}}}

@@ -39,7 +39,7 @@ def _content(content: Any, where: str) -> Any:
     for n, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in _TEXT_PARTS:
-            text = part.get("text", part.get("refusal"))
+            text = part.get("refusal" if kind == "refusal" else "text")
             if not isinstance(text, str):
                 raise BadRequest(f"{where}.content[{n}].text must be a string")
             parts.append({"type": "text", "text": text})
@@ -73,7 +73,7 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         if not isinstance(item, dict):
             raise BadRequest(f"{where} must be an object")
         kind = item.get("type", "message")
-        if kind == "message":
+        if kind == "message" and "role" in item and "content" in item:
             role = item.get("role")
             if role not in ("user", "assistant", "system", "developer"):
                 raise BadRequest(f"{where}.role must be user, assistant, system or developer")
@@ -82,7 +82,7 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
             )
         elif kind == "function_call":
             call_id, name, arguments = item.get("call_id"), item.get("name"), item.get("arguments", "")
-            if not isinstance(call_id, str) or not isinstance(name, str) or not isinstance(arguments, str):
+            if not isinstance(call_id, str) or not isinstance(name, str) or not name or not isinstance(arguments, str):
                 raise BadRequest(f"{where}: a function_call needs string call_id, name and arguments")
             call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
             last = messages[-1] if messages else None
@@ -92,10 +92,9 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
             call_id, output = item.get("call_id"), item.get("output")
-            if not isinstance(call_id, str):
-                raise BadRequest(f"{where}: a function_call_output needs a string call_id")
-            text = output if isinstance(output, str) else json.dumps(output)
-            messages.append({"role": "tool", "tool_call_id": call_id, "content": text})
+            if not isinstance(call_id, str) or not isinstance(output, str):
+                raise BadRequest(f"{where}: a function_call_output needs a string call_id and output")
+            messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
         elif kind == "reasoning":
             continue
         else:
@@ -114,15 +113,21 @@ def _tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
         if not isinstance(tool, dict) or tool.get("type") != "function":
             kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
             raise BadRequest(f"tools[{n}]: only function tools are served, not {str(kind)[:40]!r}")
-        fn = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
+        if not isinstance(tool.get("name"), str) or not tool["name"]:
+            raise BadRequest(f"tools[{n}].name must be a non-empty string")
+        if tool.get("strict") is not None and not isinstance(tool["strict"], bool):
+            raise BadRequest(f"tools[{n}].strict must be true or false")
+        fn = {k: tool[k] for k in ("name", "description", "parameters") if tool.get(k) is not None}
         out.append({"type": "function", "function": fn})
     return out
 
 
 def _tool_choice(choice: Any) -> Any:
-    if isinstance(choice, dict) and choice.get("type") == "function":
-        return {"type": "function", "function": {"name": choice.get("name")}}
-    return choice
+    if choice in ("auto", "none", "required"):
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
+        return {"type": "function", "function": {"name": choice["name"]}}
+    raise BadRequest('tool_choice must be "auto", "none", "required" or {"type": "function", "name": ...}')
 
 
 def _response_format(body: dict[str, Any]) -> dict[str, Any] | None:
@@ -140,8 +145,11 @@ def _response_format(body: dict[str, Any]) -> dict[str, Any] | None:
     if kind == "json_object":
         return {"type": "json_object"}
     if kind == "json_schema":
-        schema = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
-        return {"type": "json_schema", "json_schema": schema}
+        if not isinstance(fmt.get("name"), str) or not isinstance(fmt.get("schema"), dict):
+            raise BadRequest("text.format json_schema needs a string name and an object schema")
+        if fmt.get("strict") is not None and not isinstance(fmt["strict"], bool):
+            raise BadRequest("text.format.strict must be true or false")
+        return {"type": "json_schema", "json_schema": {"name": fmt["name"], "schema": fmt["schema"]}}
     raise BadRequest("text.format.type must be text, json_object or json_schema")
 
 
@@ -153,7 +161,7 @@ def chat_body_of(body: Any) -> tuple[dict[str, Any], bool, bool]:
         if body.get(unsupported) is not None:
             raise BadRequest(f"{unsupported} is not supported: send the whole input")
     stream, background = _flag(body, "stream", False), _flag(body, "background", False)
-    if background and not _flag(body, "store", True):
+    if not _flag(body, "store", True) and background:
         raise BadRequest("a background response is stored: background needs store true")
     chat: dict[str, Any] = {"messages": _messages(body), "stream": stream}
     for key in ("model", "temperature", "seed", "stop", *_PASSTHROUGH):
@@ -162,10 +170,11 @@ def chat_body_of(body: Any) -> tuple[dict[str, Any], bool, bool]:
     if body.get("max_output_tokens") is not None:
         chat["max_completion_tokens"] = body["max_output_tokens"]
     tools = _tools(body)
+    choice = None if body.get("tool_choice") is None else _tool_choice(body["tool_choice"])
     if tools:
         chat["tools"] = tools
-        if body.get("tool_choice") is not None:
-            chat["tool_choice"] = _tool_choice(body["tool_choice"])
+        if choice is not None:
+            chat["tool_choice"] = choice
     fmt = _response_format(body)
     if fmt is not None:
         chat["response_format"] = fmt
@@ -173,8 +182,13 @@ def chat_body_of(body: Any) -> tuple[dict[str, Any], bool, bool]:
     if reasoning is not None:
         if not isinstance(reasoning, dict):
             raise BadRequest("reasoning must be an object")
-        if reasoning.get("effort") is not None:
-            chat["reasoning_effort"] = reasoning["effort"]
+        effort = reasoning.get("effort")
+        if effort is not None:
+            if effort not in ("none", "minimal", "low", "medium", "high"):
+                raise BadRequest(
+                    f"reasoning.effort must be none, minimal, low, medium or high, not {str(effort)[:40]!r}"
+                )
+            chat["reasoning_effort"] = effort
     return chat, stream, background
 
 
