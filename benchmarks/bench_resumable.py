@@ -96,10 +96,10 @@ def idle(server: LlamaServer) -> bool:
         return False
 
 
-def stop_once(server: LlamaServer, resumable: bool) -> tuple[float, float]:
+def stop_once(server: LlamaServer, resumable: bool, wire: str = "chat") -> tuple[float, float]:
     """(stop → raise ms, stop → /slots idle ms) of one stop after 5 chunks."""
     event = threading.Event()
-    with create_llm("llamacpp", "smollm2", base_url=server.url, max_retries=0) as llm:
+    with create_llm("llamacpp", "smollm2", base_url=server.url, max_retries=0, wire=wire) as llm:  # type: ignore[arg-type]
         stream = llm.stream(messages=STORY, max_tokens=2000, ignore_eos=True, resumable=resumable, cancel_event=event)
         stopped_at = raised_at = 0.0
         try:
@@ -296,8 +296,12 @@ def llama_main(args: argparse.Namespace) -> None:
                 resume_rows(server, args.runs, args.cuts),
             )
             rows = []
-            for label, resumable in (("plain stream (sever)", False), ("resumable=True (DELETE + sever)", True)):
-                raised, stopped = zip(*(stop_once(server, resumable) for _ in range(args.n)), strict=True)
+            for label, wire, resumable in (
+                ("chat stream (sever)", "chat", False),
+                ("responses, foreground (sever)", "responses", False),
+                ("resumable=True (DELETE + sever)", "chat", True),
+            ):
+                raised, stopped = zip(*(stop_once(server, resumable, wire) for _ in range(args.n)), strict=True)
                 rows.append(
                     {
                         "path": label,

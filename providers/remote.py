@@ -6,6 +6,9 @@ OpenAI API (chat, raw ``/v1/completions``, embeddings), plus the gateway's extra
 * ``cancel(request_id)`` severs our connection like any stop (the gateway sees the disconnect)
   and also calls ``POST /v1/requests/{id}/cancel``, so the stop reaches the model even through a
   proxy that does not pass a client's disconnect on.
+* ``wire="responses"`` speaks the gateway's ``/v1/responses``; then ``resumable=True`` is a
+  background response the gateway keeps past a dropped connection (read on with
+  ``starting_after``, stopped with ``POST /v1/responses/{id}/cancel``).
 * ``load_model``/``unload_model`` call the gateway's admin routes. Tools are the gateway's
   business (its backend does native calls or the constrained fallback).
 """
@@ -13,7 +16,6 @@ OpenAI API (chat, raw ``/v1/completions``, embeddings), plus the gateway's extra
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from abstract_client.errors import NotSupportedError
 from abstract_client.provider import CallContext, UnloadReport
@@ -29,13 +31,10 @@ class RemoteProvider(VLLMProvider):
 
     name = "remote"
 
-    resumable_streams = False  # the gateway's /v1/responses is not served yet
+    # resumable=True: with wire="responses", a background response the gateway holds (its own
+    # ids); the chat wire has none
+    resumable_streams = False
     names_responses = False
-
-    def __init__(self, *, wire: str = "chat", **kw: Any) -> None:
-        if wire != "chat":
-            raise ValueError("the remote lane speaks the gateway's chat wire (wire='chat')")
-        super().__init__(**kw)
 
     def call_headers(self, ctx: CallContext) -> dict[str, str] | None:
         return {"X-Request-Id": ctx.request_id}

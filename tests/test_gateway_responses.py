@@ -23,7 +23,7 @@ import httpx
 import openai
 import pytest
 
-from abstract_client import GenerationCancelledError, create_llm
+from abstract_client import GenerationCancelledError, NotSupportedError, create_llm
 from abstract_client.gateway.config import BackendConfig, GatewayConfig
 from abstract_client.testing import FakeOpenAIServer
 from abstract_client.testing.gateway import GatewayProcess, InProcessGateway
@@ -286,3 +286,12 @@ def test_workers_relay_a_background_response_to_the_worker_that_runs_it(
         with httpx.Client() as fresh:
             assert fresh.post(f"{gw.url}/v1/responses/{started['id']}/cancel").json()["status"] == "cancelled"
         upstream.wait_for_disconnect(upstream.requests("/v1/chat/completions")[-1], timeout=10)
+
+
+def test_the_remote_lane_speaks_the_gateways_responses_wire(upstream: FakeOpenAIServer, gw: InProcessGateway) -> None:
+    upstream.behavior.answer = "one two three"
+    with create_llm("remote", "m", base_url=gw.url, wire="responses") as remote:
+        assert remote.generate("hi").content == "one two three"
+        assert "".join(c.delta for c in remote.stream("hi", resumable=True)) == "one two three"
+    with create_llm("remote", "m", base_url=gw.url) as chat, pytest.raises(NotSupportedError):
+        chat.generate("hi", resumable=True)  # the chat wire has no background responses
