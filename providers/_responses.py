@@ -18,7 +18,7 @@ tool-call checks, structured output, usage) is the one every call passes through
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import AbstractAsyncContextManager, aclosing
 from typing import Any
 
@@ -272,7 +272,7 @@ class ResponseEvents:
         return StreamChunk(tool_call=ToolCallDelta(index=index, arguments_fragment=fragment), raw=event)
 
 
-async def response_events(resp: httpx.Response) -> AsyncIterator[Any]:
+async def response_events(resp: httpx.Response) -> AsyncGenerator[Any, None]:
     """One connection's Responses events (decoded JSON), up to a terminal event or ``[DONE]``.
     A frame cut by the connection's end is dropped, never handed out half."""
     decoder = SSEDecoder()
@@ -311,7 +311,9 @@ def completion_from_response(obj: Any) -> Completion:
     output = obj.get("output")
     if not isinstance(output, list):
         raise ProviderProtocolError(f"malformed response output: {str(output)[:200]}")
-    content, reasoning, calls = [], [], []
+    content: list[str] = []
+    reasoning: list[str] = []
+    calls: list[ToolCallDelta] = []
     for item in output:
         kind = item.get("type") if isinstance(item, dict) else None
         if kind == "message":

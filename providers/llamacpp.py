@@ -33,6 +33,7 @@ from abstract_client.provider import CallContext, Completion, ModelInfo, UnloadR
 from abstract_client.stopping.token import Step
 from abstract_client.types import GenerationRequest, StreamChunk, Usage
 
+from ._timings import timings_from
 from .openai_compatible import (
     STOP_REACH_S,
     OpenAICompatibleProvider,
@@ -40,7 +41,6 @@ from .openai_compatible import (
     resumable_sse_chunks,
     sampling_fields,
     server_root,
-    timings_from,
 )
 
 _FINISH = {"eos": "stop", "word": "stop", "limit": "length"}

@@ -387,7 +387,7 @@ async def get_response(request: Request) -> Response:
     try:
         after_n = None if after is None else int(after)
     except ValueError:
-        return error_response(BadRequest(f"starting_after must be an integer, not {after[:40]!r}"))
+        return error_response(BadRequest(f"starting_after must be an integer, not {after!r:.40}"))
     if after_n is not None and after_n < -1:
         return error_response(BadRequest("starting_after must be >= -1"))
     return _event_stream(record, after_n)

@@ -260,7 +260,8 @@ class FakeOpenAIServer(FakeServer):
             conn.send_json(404, self.error_body(404, f"The model `{model}` does not exist."))
             return
         words: list[str] = []
-        for item in body.get("input") if isinstance(body.get("input"), list) else [body.get("input")]:
+        given = body.get("input")
+        for item in given if isinstance(given, list) else [given]:
             content = item.get("content") if isinstance(item, dict) else item
             if isinstance(content, str):
                 words += content.split()
