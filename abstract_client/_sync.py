@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import logging
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
+
+import sniffio
 
 from .contract import Call, GenerationStream, SyncStop, stop_error, unlist
 from .stopping.loop import on_event_loop
@@ -108,7 +111,7 @@ class Portal:
         if threading.current_thread() is self._thread:
             raise RuntimeError("the sync API cannot be called from its own event loop thread")
         if call is None:
-            return self._wait(asyncio.run_coroutine_threadsafe(fn(), loop), None, on_interrupt)
+            return self._wait(_on_loop(fn(), loop), None, on_interrupt)
         call.sync = True  # its stop error is built here, by the thread that raises it
         if call.token.stopped_by_caller:
             # Stopped while the caller was busy elsewhere (e.g. between two chunks of a stream):
@@ -116,7 +119,7 @@ class Portal:
             if on_abandon is not None:
                 self.submit(on_abandon)
             raise _handed_over(call)
-        future: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(fn(), loop)
+        future: concurrent.futures.Future[T] = _on_loop(fn(), loop)
         raised = threading.Event()
         me = threading.get_ident()
 
@@ -172,9 +175,19 @@ class Portal:
     def submit(self, fn: Callable[[], Coroutine[Any, Any, Any]]) -> None:
         """Fire and forget (cleanup from ``__del__``)."""
         try:
-            asyncio.run_coroutine_threadsafe(fn(), self.loop)
+            _on_loop(fn(), self.loop)
         except RuntimeError:
             pass
+
+
+def _on_loop(coro: Coroutine[Any, Any, T], loop: asyncio.AbstractEventLoop) -> concurrent.futures.Future[T]:
+    """``coro`` on ``loop`` (another thread's), in a copy of this thread's context (a trace's
+    parent goes with it) that does not say which async library runs: sniffio reads it from a
+    context variable, and a caller on trio would make anyio on the loop thread take asyncio for
+    trio (a stop's cancel request from a trio task was never sent)."""
+    context = contextvars.copy_context()
+    context.run(sniffio.current_async_library_cvar.set, None)
+    return context.run(asyncio.run_coroutine_threadsafe, coro, loop)
 
 
 def _handed_over(call: Call) -> BaseException:

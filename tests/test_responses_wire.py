@@ -299,3 +299,39 @@ def test_llama_servers_tool_call_events_name_their_item_not_its_index() -> None:
     assert {i: "".join(parts) for i, parts in calls.items()} == {0: '{"city": "Paris"}', 1: '{"city": "Rome"}'}
     assert [p.id for p in pieces if p.id] == ["call_0", "call_1"]
     assert events.response_id == "resp_x" and events.finished
+
+
+@pytest.mark.anyio
+async def test_an_async_background_stop_cancels_on_asyncio_and_trio() -> None:
+    """``astream`` under a cancelled task (asyncio and trio): the same explicit cancel."""
+    import anyio
+
+    with _RegistersLate() as server:
+        server.not_yet = 0
+        server.behavior.token_delay = 0.01
+        llm = create_llm("openai-compatible", "fake-model", base_url=server.base_url, max_retries=0, wire="responses")
+        try:
+            with anyio.move_on_after(30):
+                async with anyio.create_task_group() as tg:
+
+                    async def consume() -> None:
+                        async with llm.astream("x", max_tokens=100_000, resumable=True) as stream:
+                            async for n, _ in _enumerate(stream):
+                                if n == 5:
+                                    tg.cancel_scope.cancel()  # the caller's task is cancelled
+
+                    tg.start_soon(consume)
+            (started,) = server.requests("/v1/responses")
+            cancel_path = f"/v1/responses/resp_{started.id}/cancel"
+            assert await anyio.to_thread.run_sync(
+                lambda: wait_until(lambda: len(server.requests(cancel_path)) == 1, 10)
+            )
+        finally:
+            await llm.aclose()
+
+
+async def _enumerate(items: Any) -> Any:
+    n = 0
+    async for item in items:
+        yield n, item
+        n += 1

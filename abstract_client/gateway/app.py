@@ -56,6 +56,7 @@ def create_app(config: GatewayConfig, *, peers: Peers | None = None) -> Starlett
         yield
         if peers is not None:
             await peers.aclose()
+        await gateway.background.aclose()
         await gateway.aclose()
 
     table = [

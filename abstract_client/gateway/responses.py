@@ -157,6 +157,16 @@ class BackgroundStore:
             return None  # another key's response is not even confirmed to exist
         return record
 
+    async def aclose(self) -> None:
+        """At shutdown: stop the running ones (they end ``cancelled``), and let their tasks end
+        before the backends close (bounded)."""
+        for record in list(self.items.values()):
+            if not record.done:
+                record.flight.stop("shutdown")
+        if self._tasks:
+            with anyio.move_on_after(10):
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+
     def start(self, record: Background, kwargs: dict[str, Any]) -> None:
         self.items[record.id] = record
         task = asyncio.get_running_loop().create_task(self._run(record, kwargs), name=f"background {record.id}")
