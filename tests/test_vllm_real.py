@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from abstract_client import (
@@ -352,3 +353,25 @@ def test_a_background_stream_cut_before_its_first_event_is_resumed(vllm: VLLMSer
         proxy.close()
     assert len(proxy.cut_at) == 1
     assert text == reference and "Paris" in text
+
+
+def test_a_gateway_background_response_on_vllm_outlives_its_reader_and_stops_by_cancel(
+    vllm: VLLMServer, tmp_path: Path
+) -> None:
+    """The gateway's /v1/responses in front of real vLLM: a background response generates on
+    after its reader left (vLLM's generated-token count grows), and its cancel stops vLLM."""
+    from abstract_client.testing.gateway import GatewayProcess
+
+    assert wait_running(vllm, 0, 10)
+    args = ["-p", "vllm", "-u", vllm.url, "--name", "smollm2"]
+    with GatewayProcess.launch(args, log_path=tmp_path / "gw.log") as gw:
+        body = {"model": "smollm2", "input": STORY, "max_output_tokens": 1500, "ignore_eos": True}
+        with httpx.stream("POST", gw.url + "/v1/responses", json={**body, "stream": True, "background": True}) as r:
+            first = next(json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: "))
+        response_id = first["response"]["id"]
+        tokens = vllm.generation_tokens()
+        assert wait_until(lambda: vllm.generation_tokens() > tokens + 20, 30), "it stopped with its reader"
+        assert vllm.running() == 1
+        cancelled = httpx.post(f"{gw.url}/v1/responses/{response_id}/cancel", timeout=30).json()
+        assert cancelled["status"] == "cancelled"
+        assert_vllm_stopped(vllm)

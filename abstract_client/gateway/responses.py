@@ -199,14 +199,14 @@ class BackgroundStore:
             with anyio.move_on_after(backend.cfg.queue_timeout) as waited:
                 await backend.slots.acquire()
         flight.queue_scope = None
-        if queued.cancelled_caught or waited.cancelled_caught:
-            err: Exception = (
-                GenerationCancelledError(f"stopped while queued ({flight.reason})", reason="user")
-                if queued.cancelled_caught
-                else TimeoutError(f"{backend.name} is busy: no slot within {backend.cfg.queue_timeout}s")
-            )
-            record.append(builder.failed(err), limit)
-            return 499 if queued.cancelled_caught else 503
+        if queued.cancelled_caught:
+            stop = GenerationCancelledError(f"stopped while queued ({flight.reason})", reason="user")
+            record.append(builder.failed(stop), limit)
+            return 499
+        if waited.cancelled_caught:
+            message = f"{backend.name} is busy: no slot within {backend.cfg.queue_timeout}s"
+            record.append(builder.failed_with("queue_timeout", message), limit)
+            return 503
         try:
             record.append(builder.started(), limit)
             stream = backend.llm.astream(**kwargs, signal=flight.controller.signal, request_id=flight.call_id)
