@@ -70,6 +70,10 @@ def launch_llama_server(tmp_path_factory: Any, name: str, **launch: Any) -> Any:
             "llama-server or the SmolLM2 GGUF is missing: run scripts/get_llama_server.sh and "
             "scripts/get_model.py (.ci/run does)"
         )
+    # One thread: ggml's threads spin-wait on each other, so two of them on a 2-core machine
+    # that is busy with other work crawl (a 200-token stream took 297 s beside two busy
+    # processes, 9 s with one thread)
+    launch.setdefault("threads", 1)
     return LlamaServer.launch(binary, model, log_path=tmp_path_factory.mktemp(name) / "server.log", **launch)
 
 
