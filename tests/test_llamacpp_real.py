@@ -206,10 +206,18 @@ def test_back_to_back_calls_never_reuse_a_connection_llama_server_is_closing(
     the transport never has to send a request again on a new one (that would be a request
     written into a closing socket, and a round trip lost)."""
     caplog.set_level(logging.DEBUG, logger="abstract_client.http.transport")
+    assert lm.provider.clients is not None
+
+    def pooled() -> int:  # connections the lane keeps for a next call (none: each call has its own)
+        transports = list(lm.provider.clients._private.values())  # type: ignore[union-attr]
+        return sum(len(conns) for transport in transports for conns in transport._idle.values())
+
     for _ in range(30):
         with lm.stream(messages=CAPITAL, max_tokens=3) as stream:
             assert [c for c in stream]
+        assert pooled() == 0  # whether or not the race would have struck this time
         assert lm.generate(messages=CAPITAL, max_tokens=3).content  # type: ignore[arg-type]
+        assert pooled() == 0
     assert not [r for r in caplog.records if "sending again" in r.getMessage()]
 
 
