@@ -38,6 +38,7 @@ from ..errors import GenerationCancelledError
 from ..types import GenerateResult, StreamChunk, ToolCallDelta
 from .asgi import GenerationResponse, guarded_send, guarded_send_json
 from .body import error_response, no_backend, read_json, request_id_of
+from .generation import whole_answer
 from .openai_wire import BadRequest, error_body, generation_args, openai_error
 from .request_ids import scoped
 from .responses_wire import ResponseBuilder, chat_body_of, encode_event, new_response_id
@@ -294,25 +295,16 @@ def _event_stream(record: Background, after: int | None) -> StreamingResponse:
 async def _foreground_whole(
     gateway: Gateway, flight: Flight, send: Send, kwargs: dict[str, Any], builder: ResponseBuilder
 ) -> int:
-    try:
-        result = await flight.backend.llm.agenerate(
-            **kwargs, signal=flight.controller.signal, request_id=flight.call_id
-        )
-    except GenerationCancelledError as err:
-        gateway.stop_recorded(flight, err)
-        if not flight.client_gone:
-            await guarded_send_json(send, flight, *error_body(err))
-        return 499
-    except Exception as err:
-        status, payload = error_body(err)
-        await guarded_send_json(send, flight, status, payload)
-        return status
-    gateway.metrics.prompt(flight.backend.name, result.usage)
-    for chunk in _result_chunks(result):
-        builder.chunk(chunk)
-    builder.finished(result)
-    await guarded_send_json(send, flight, 200, builder.response())
-    return 200
+    async def produce() -> Any:
+        llm = flight.backend.llm
+        result = await llm.agenerate(**kwargs, signal=flight.controller.signal, request_id=flight.call_id)
+        gateway.metrics.prompt(flight.backend.name, result.usage)
+        for chunk in _result_chunks(result):
+            builder.chunk(chunk)
+        builder.finished(result)
+        return builder.response()
+
+    return await whole_answer(gateway, flight, send, produce)
 
 
 def _result_chunks(result: GenerateResult) -> list[StreamChunk]:
