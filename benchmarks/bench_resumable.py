@@ -50,27 +50,37 @@ STORY = [
 GREEDY: dict[str, Any] = {"temperature": 0.0, "seed": 7, "max_tokens": 200, "ignore_eos": True}
 
 
-def deltas(url: str, **options: Any) -> tuple[list[str], float]:
-    with create_llm("llamacpp", "smollm2", base_url=url, max_retries=0) as llm:
+def deltas(lane: str, url: str, **options: Any) -> tuple[list[str], float]:
+    with create_llm(lane, "smollm2", base_url=url, max_retries=0) as llm:
         t0 = time.perf_counter()
         with llm.stream(messages=STORY, **{**GREEDY, **options}) as stream:
             out = [c.delta for c in stream if c.delta]
         return out, time.perf_counter() - t0
 
 
-def resume_rows(server: LlamaServer, runs: int, cuts: int) -> list[dict[str, Any]]:
-    reference, plain_s = deltas(server.url)
+def resume_rows(
+    lane: str,
+    server: LlamaServer | VLLMServer,
+    runs: int,
+    cuts: int,
+    *,
+    cut_after: tuple[int, int] = (1_000, 8_000),
+    reference: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """``runs`` resumable streams through ``cuts`` random cuts each, diffed against an
+    uninterrupted one (``reference``: its options)."""
+    expected, plain_s = deltas(lane, server.url, **(reference or {}))
     lost = repeated = cut_total = 0
     took = []
     for seed in range(runs):
-        proxy = CuttingProxy(server.port, seed=seed, cuts=cuts)
+        proxy = CuttingProxy(server.port, seed=seed, cuts=cuts, cut_after=cut_after)
         try:
-            got, seconds = deltas(proxy.url, resumable=True)
+            got, seconds = deltas(lane, proxy.url, resumable=True)
         finally:
             proxy.close()
         cut_total += len(proxy.cut_at)
         took.append(seconds)
-        for op, i1, i2, j1, j2 in difflib.SequenceMatcher(a=reference, b=got, autojunk=False).get_opcodes():
+        for op, i1, i2, j1, j2 in difflib.SequenceMatcher(a=expected, b=got, autojunk=False).get_opcodes():
             if op in ("delete", "replace"):
                 lost += i2 - i1
             if op in ("insert", "replace"):
@@ -79,7 +89,7 @@ def resume_rows(server: LlamaServer, runs: int, cuts: int) -> list[dict[str, Any
         {
             "runs": runs,
             "cuts made": cut_total,
-            "tokens per run": len(reference),
+            "tokens per run": len(expected),
             "tokens lost": lost,
             "tokens repeated": repeated,
             "uninterrupted s": plain_s,
@@ -138,45 +148,6 @@ def sever_only(server: LlamaServer) -> float:
 
 
 # -- vLLM: the Responses API's background mode --------------------------------------------------
-
-
-def vllm_deltas(url: str, **options: Any) -> tuple[list[str], float]:
-    with create_llm("vllm", "smollm2", base_url=url, max_retries=0) as llm:
-        t0 = time.perf_counter()
-        with llm.stream(messages=STORY, **{**GREEDY, **options}) as stream:
-            out = [c.delta for c in stream if c.delta]
-        return out, time.perf_counter() - t0
-
-
-def vllm_resume_rows(server: VLLMServer, runs: int, cuts: int) -> list[dict[str, Any]]:
-    reference, plain_s = vllm_deltas(server.url, resumable=True)
-    lost = repeated = cut_total = 0
-    took = []
-    for seed in range(runs):
-        proxy = CuttingProxy(server.port, seed=seed, cuts=cuts, cut_after=(2_000, 12_000))
-        try:
-            got, seconds = vllm_deltas(proxy.url, resumable=True)
-        finally:
-            proxy.close()
-        cut_total += len(proxy.cut_at)
-        took.append(seconds)
-        for op, i1, i2, j1, j2 in difflib.SequenceMatcher(a=reference, b=got, autojunk=False).get_opcodes():
-            if op in ("delete", "replace"):
-                lost += i2 - i1
-            if op in ("insert", "replace"):
-                repeated += j2 - j1
-    return [
-        {
-            "runs": runs,
-            "cuts made": cut_total,
-            "tokens per run": len(reference),
-            "tokens lost": lost,
-            "tokens repeated": repeated,
-            "uninterrupted s": plain_s,
-            "resumed s p50": pct(took, 50),
-            "resumed s max": max(took),
-        }
-    ]
 
 
 def vllm_idle(server: VLLMServer) -> bool:
@@ -243,7 +214,9 @@ def vllm_main(args: argparse.Namespace) -> None:
         try:
             print_table(
                 f"Resume through random cuts ({args.cuts} per run; vLLM background response, SmolLM2, greedy)",
-                vllm_resume_rows(server, args.runs, args.cuts),
+                resume_rows(
+                    "vllm", server, args.runs, args.cuts, cut_after=(2_000, 12_000), reference={"resumable": True}
+                ),
             )
             rows = []
             for label, wire, resumable in (
@@ -293,7 +266,7 @@ def llama_main(args: argparse.Namespace) -> None:
         try:
             print_table(
                 f"Resume through random cuts ({args.cuts} per run; llama-server, SmolLM2, greedy)",
-                resume_rows(server, args.runs, args.cuts),
+                resume_rows("llamacpp", server, args.runs, args.cuts),
             )
             rows = []
             for label, wire, resumable in (
