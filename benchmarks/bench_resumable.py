@@ -99,18 +99,25 @@ def resume_rows(
     ]
 
 
-def idle(server: LlamaServer) -> bool:
+def idle(server: LlamaServer | VLLMServer) -> bool:
+    """The engine's word: every ``/slots`` slot idle, or ``vllm:num_requests_running`` 0."""
     try:
-        return not any(s.get("is_processing") for s in server.slots())
+        if isinstance(server, LlamaServer):
+            return not any(s.get("is_processing") for s in server.slots())
+        return server.running() == 0
     except (OSError, ValueError, httpx.HTTPError):
         return False
 
 
-def stop_once(server: LlamaServer, resumable: bool, wire: str = "chat") -> tuple[float, float]:
-    """(stop → raise ms, stop → /slots idle ms) of one stop after 5 chunks."""
+def stop_once(
+    lane: str, server: LlamaServer | VLLMServer, wire: str, resumable: bool, max_tokens: int
+) -> tuple[float, float]:
+    """(stop → raise ms, stop → engine idle ms) of one stop after 5 chunks."""
     event = threading.Event()
-    with create_llm("llamacpp", "smollm2", base_url=server.url, max_retries=0, wire=wire) as llm:  # type: ignore[arg-type]
-        stream = llm.stream(messages=STORY, max_tokens=2000, ignore_eos=True, resumable=resumable, cancel_event=event)
+    with create_llm(lane, "smollm2", base_url=server.url, max_retries=0, wire=wire) as llm:  # type: ignore[arg-type]
+        stream = llm.stream(
+            messages=STORY, max_tokens=max_tokens, ignore_eos=True, resumable=resumable, cancel_event=event
+        )
         stopped_at = raised_at = 0.0
         try:
             for i, _ in enumerate(stream):
@@ -127,6 +134,30 @@ def stop_once(server: LlamaServer, resumable: bool, wire: str = "chat") -> tuple
     while not idle(server):
         time.sleep(0.01)
     return (raised_at - stopped_at) * 1000, (idle_at - stopped_at) * 1000
+
+
+def stop_rows(
+    lane: str,
+    server: LlamaServer | VLLMServer,
+    paths: tuple[tuple[str, str, bool], ...],
+    n: int,
+    max_tokens: int,
+) -> list[dict[str, Any]]:
+    """One row per (label, wire, resumable): stop → raise and stop → engine stopped, p50/p99."""
+    rows = []
+    for label, wire, resumable in paths:
+        raised, stopped = zip(*(stop_once(lane, server, wire, resumable, max_tokens) for _ in range(n)), strict=True)
+        rows.append(
+            {
+                "path": label,
+                "n": n,
+                "stop→raise p50": pct(list(raised), 50),
+                "p99": pct(list(raised), 99),
+                "stop→engine stopped p50": pct(list(stopped), 50),
+                "p99 ": pct(list(stopped), 99),
+            }
+        )
+    return rows
 
 
 def sever_only(server: LlamaServer) -> float:
@@ -150,34 +181,6 @@ def sever_only(server: LlamaServer) -> float:
 # -- vLLM: the Responses API's background mode --------------------------------------------------
 
 
-def vllm_idle(server: VLLMServer) -> bool:
-    try:
-        return server.running() == 0
-    except (OSError, ValueError, httpx.HTTPError):
-        return False
-
-
-def vllm_stop_once(server: VLLMServer, wire: str, resumable: bool) -> tuple[float, float]:
-    """(stop → raise ms, stop → num_requests_running 0 ms) of one stop after 5 chunks."""
-    event = threading.Event()
-    with create_llm("vllm", "smollm2", base_url=server.url, max_retries=0, wire=wire) as llm:  # type: ignore[arg-type]
-        stream = llm.stream(messages=STORY, max_tokens=1500, ignore_eos=True, resumable=resumable, cancel_event=event)
-        stopped_at = raised_at = 0.0
-        try:
-            for i, _ in enumerate(stream):
-                if i == 5:
-                    stopped_at = time.perf_counter()
-                    event.set()
-        except GenerationCancelledError:
-            raised_at = time.perf_counter()
-        while not vllm_idle(server):
-            if time.perf_counter() - stopped_at > 30:
-                return (raised_at - stopped_at) * 1000, float("nan")
-            time.sleep(0.002)
-        idle_at = time.perf_counter()
-    return (raised_at - stopped_at) * 1000, (idle_at - stopped_at) * 1000
-
-
 def vllm_sever_only(server: VLLMServer) -> float:
     """A background response's connection closed with no cancel: tokens it generates on in 2 s."""
     body = {
@@ -197,7 +200,7 @@ def vllm_sever_only(server: VLLMServer) -> float:
     time.sleep(2)
     after = server.generation_tokens()
     httpx.post(server.url + "/v1/responses/resp_bench-sever-only/cancel")
-    while not vllm_idle(server):
+    while not idle(server):
         time.sleep(0.01)
     return after - before
 
@@ -218,23 +221,12 @@ def vllm_main(args: argparse.Namespace) -> None:
                     "vllm", server, args.runs, args.cuts, cut_after=(2_000, 12_000), reference={"resumable": True}
                 ),
             )
-            rows = []
-            for label, wire, resumable in (
+            paths = (
                 ("chat stream (sever)", "chat", False),
                 ("responses, foreground (sever)", "responses", False),
                 ("resumable=True: background (cancel + sever)", "chat", True),
-            ):
-                raised, stopped = zip(*(vllm_stop_once(server, wire, resumable) for _ in range(args.n)), strict=True)
-                rows.append(
-                    {
-                        "path": label,
-                        "n": args.n,
-                        "stop→raise p50": pct(list(raised), 50),
-                        "p99": pct(list(raised), 99),
-                        "stop→engine stopped p50": pct(list(stopped), 50),
-                        "p99 ": pct(list(stopped), 99),
-                    }
-                )
+            )
+            rows = stop_rows("vllm", server, paths, args.n, max_tokens=1500)
             print_table("vLLM stop (ms; engine stopped = vllm:num_requests_running 0)", rows, digits=1)
             severed = vllm_sever_only(server)
             print(f"\na background response severed with no cancel generated {severed:.0f} more tokens in 2 s")
@@ -268,23 +260,12 @@ def llama_main(args: argparse.Namespace) -> None:
                 f"Resume through random cuts ({args.cuts} per run; llama-server, SmolLM2, greedy)",
                 resume_rows("llamacpp", server, args.runs, args.cuts),
             )
-            rows = []
-            for label, wire, resumable in (
+            paths = (
                 ("chat stream (sever)", "chat", False),
                 ("responses, foreground (sever)", "responses", False),
                 ("resumable=True (DELETE + sever)", "chat", True),
-            ):
-                raised, stopped = zip(*(stop_once(server, resumable, wire) for _ in range(args.n)), strict=True)
-                rows.append(
-                    {
-                        "path": label,
-                        "n": args.n,
-                        "stop→raise p50": pct(list(raised), 50),
-                        "p99": pct(list(raised), 99),
-                        "stop→engine stopped p50": pct(list(stopped), 50),
-                        "p99 ": pct(list(stopped), 99),
-                    }
-                )
+            )
+            rows = stop_rows("llamacpp", server, paths, args.n, max_tokens=2000)
             print_table("Stop (ms; engine stopped = /slots idle)", rows, digits=1)
             print(f"\na resumable stream severed with no DELETE decoded {sever_only(server)} more tokens in 2 s")
         finally:

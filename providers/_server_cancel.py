@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import anyio
@@ -20,6 +21,7 @@ import httpx
 
 from abstract_client._sync import Portal
 from abstract_client.http.clients import HttpClients
+from abstract_client.stopping.token import Step, StopToken
 
 __all__ = ["ServerCancels"]
 
@@ -56,6 +58,39 @@ class ServerCancels:
         with self._idle:
             self._pending += 1
         self._portal.submit(lambda: self._counted(self._send(method, target, retry_for, retry_statuses)))
+
+    @contextmanager
+    def unless_finished(self, token: StopToken, cancel: Callable[[], None]) -> Iterator[Callable[[], None]]:
+        """For one stream that outlives its connection: ``cancel`` (which queues the server's
+        own cancel through :meth:`send`) runs from the stopping thread at the stop's sever step,
+        or when the block is left before the stream finished — a deadline, an error, a
+        ``break``: a stream left early must not decode on for a resume that never comes. Yields
+        ``finished()``, to call once the server sent the stream's end. ``cancel`` runs once."""
+        lock = threading.Lock()
+        ran = False
+        done = False
+
+        def once() -> None:  # the stopping thread and the loop may both get here
+            nonlocal ran
+            with lock:
+                if ran:
+                    return
+                ran = True
+            cancel()
+
+        def finished() -> None:
+            nonlocal done
+            done = True
+
+        self.warm()
+        # at the sever step, after the hand-off: the woken caller raises first, then it is sent
+        remove_hook = token.add_hook(once, step=Step.SEVER)
+        try:
+            yield finished
+        finally:
+            remove_hook()
+            if not done:
+                once()
 
     async def _counted(self, sending: Coroutine[Any, Any, None]) -> None:
         try:

@@ -30,7 +30,6 @@ from abstract_client.errors import NotSupportedError, ProviderProtocolError
 from abstract_client.http.resume import resumed_bytes
 from abstract_client.http.wire import expect_stream, json_body, load_frame, sse_events
 from abstract_client.provider import CallContext, Completion, ModelInfo, UnloadReport
-from abstract_client.stopping.token import Step
 from abstract_client.types import GenerationRequest, StreamChunk, Usage
 
 from ._timings import timings_from
@@ -145,19 +144,11 @@ class LlamaCppProvider(OpenAICompatibleProvider):
         conv_id = f"abstract-client-{ctx.request_id}-{uuid.uuid4().hex[:8]}"
         body = self.chat_body(request, stream=True)
         headers = {**(self.call_headers(ctx) or {}), "X-Conversation-Id": conv_id}
-        cancelled = False
 
-        def cancel() -> None:  # from the stopping thread or the loop: never blocks, once
-            nonlocal cancelled
-            if not cancelled:
-                cancelled = True
-                self._cancels.send("DELETE", "/v1/stream", params={"conv_id": conv_id}, retry_for=STOP_REACH_S)
+        def cancel() -> None:
+            self._cancels.send("DELETE", "/v1/stream", params={"conv_id": conv_id}, retry_for=STOP_REACH_S)
 
-        # after the hand-off: the woken caller raises first, then the DELETE is sent
-        self._cancels.warm()
-        remove_hook = ctx.token.add_hook(cancel, step=Step.SEVER)
-        complete = False
-        try:
+        with self._cancels.unless_finished(ctx.token, cancel) as finished:
             parts = resumed_bytes(
                 lambda: ctx.stream("POST", self.chat_path, json=body, headers=headers),
                 lambda offset: ctx.stream(
@@ -169,11 +160,7 @@ class LlamaCppProvider(OpenAICompatibleProvider):
             )
             async for chunk in resumable_sse_chunks(parts):
                 yield chunk
-            complete = True
-        finally:
-            remove_hook()
-            if not complete:
-                cancel()
+            finished()
 
     async def _stream_raw(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
         body = self.completion_body(request, stream=True)

@@ -27,7 +27,6 @@ from abstract_client.http.resume import resumed_items
 from abstract_client.http.sse import SSEDecoder
 from abstract_client.http.wire import drain, expect_stream, json_body, load_frame, poll_until_ready
 from abstract_client.provider import CallContext, Completion, EmbeddingBatch, ModelInfo, Provider
-from abstract_client.stopping.token import Step
 from abstract_client.types import (
     GenerationRequest,
     Message,
@@ -423,16 +422,11 @@ class OpenAICompatibleProvider(Provider):
         events = ResponseEvents()
         if self.names_responses:
             events.response_id = body["request_id"] = f"resp_abstract-client-{ctx.request_id}-{uuid.uuid4().hex[:8]}"
-        cancelled = False
 
-        def cancel() -> None:  # from the stopping thread or the loop: never blocks, once
-            nonlocal cancelled
-            if cancelled:
-                return
+        def cancel() -> None:
             if events.response_id is None:  # nothing named it yet: the sever is all there is
                 log.warning("%s: stopped before the server named the background response", self.name)
                 return
-            cancelled = True
             # 404: the server may not have registered the response yet (the stop came first)
             path = f"{self.responses_path}/{events.response_id}/cancel"
             self._cancels.send("POST", path, retry_for=STOP_REACH_S, retry_statuses=(404,))
@@ -446,10 +440,7 @@ class OpenAICompatibleProvider(Provider):
             params = {"stream": "true"} if after is None else {"stream": "true", "starting_after": str(after)}
             return ctx.stream("GET", f"{self.responses_path}/{events.response_id}?{httpx.QueryParams(params)}")
 
-        self._cancels.warm()  # after the hand-off: the woken caller raises first, then the cancel is sent
-        remove_hook = ctx.token.add_hook(cancel, step=Step.SEVER)
-        complete = False
-        try:
+        with self._cancels.unless_finished(ctx.token, cancel) as finished:
             items = resumed_items(
                 lambda: ctx.stream("POST", self.responses_path, json=body, headers=self.call_headers(ctx)),
                 reopen,
@@ -467,11 +458,7 @@ class OpenAICompatibleProvider(Provider):
                         yield chunk
             if not events.finished:
                 raise ProviderProtocolError("the responses stream ended before its final event (response.completed)")
-            complete = True
-        finally:
-            remove_hook()
-            if not complete:
-                cancel()
+            finished()
 
     async def aclose(self) -> None:
         # a stop of a stream that outlives its connection must reach its server: its cancel gets

@@ -100,6 +100,21 @@ def test_a_stop_on_a_resumable_stream_cancels_the_engine(llama: LlamaServer) -> 
     assert idle_after < 5
 
 
+def test_a_resumable_stream_left_by_a_break_cancels_the_engine(llama: LlamaServer) -> None:
+    """Leaving early is no resume either: the ``with`` block's close sends the DELETE."""
+    assert llama.wait_idle(10)
+    before = len(llama.cancelled_tasks())
+    with lane(llama.url) as llm:
+        with llm.stream(messages=STORY, max_tokens=2000, ignore_eos=True, resumable=True) as stream:
+            for i, _ in enumerate(stream):
+                if i == 5:
+                    break
+        assert wait_until(lambda: not any(s.get("is_processing") for s in llama.slots()), 5), (
+            "the slot kept decoding after the break"
+        )
+    assert len(llama.cancelled_tasks()) > before
+
+
 def test_a_stop_pressed_while_the_network_is_down_lands_when_it_is_back(llama: LlamaServer) -> None:
     assert llama.wait_idle(10)
     before = len(llama.cancelled_tasks())

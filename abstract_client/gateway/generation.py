@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 from starlette.requests import Request
 from starlette.types import Send
 
 from ..errors import GenerationCancelledError
-from ..types import GenerateResult
+from ..types import GenerateResult, StreamChunk
 from .asgi import GenerationResponse, guarded_send, guarded_send_json
 from .body import error_response, no_backend, read_json, request_id_of
 from .openai_wire import (
@@ -31,7 +31,15 @@ from .openai_wire import (
 from .sse_writer import FrameWriter
 from .state import Flight, Gateway
 
-__all__ = ["embeddings_endpoint", "generation_endpoint", "stream_generation", "whole_answer", "whole_generation"]
+__all__ = [
+    "StreamFrames",
+    "embeddings_endpoint",
+    "generation_endpoint",
+    "stream_answer",
+    "stream_generation",
+    "whole_answer",
+    "whole_generation",
+]
 
 
 def generation_endpoint(gateway: Gateway, *, chat: bool) -> Callable[[Request], Awaitable[Any]]:
@@ -106,63 +114,89 @@ async def stream_generation(
     chat: bool,
     include_usage: bool,
 ) -> int:
-    """SSE. The response starts with the first chunk, so an error before it (unknown model,
-    context overflow...) gets its own status; one after it ends the stream with an error frame,
-    never a silent EOF. Frames go out coalesced (:class:`FrameWriter`)."""
+    """SSE in OpenAI's chat (or completions) frames, ``[DONE]`` at the end."""
+    frames = _ChatFrames(flight.request_id, model, chat=chat, include_usage=include_usage)
+    return await stream_answer(gateway, flight, send, kwargs, frames)
+
+
+class StreamFrames(Protocol):
+    """What a stream route sends: the bytes of a chunk, of a complete answer's end, and of a
+    failure once the first frame is out."""
+
+    def chunk(self, chunk: StreamChunk) -> bytes: ...
+
+    def end(self, result: GenerateResult) -> bytes: ...
+
+    def failure(self, err: Exception) -> bytes: ...
+
+
+class _ChatFrames:
+    def __init__(self, request_id: str, model: str, *, chat: bool, include_usage: bool) -> None:
+        self.request_id, self.model, self.chat, self.include_usage = request_id, model, chat, include_usage
+        self.created = int(time.time())
+        self.encoder = FrameEncoder(request_id, model, self.created, chat=chat)
+
+    def chunk(self, chunk: StreamChunk) -> bytes:
+        return self.encoder.encode(chunk)
+
+    def end(self, result: GenerateResult) -> bytes:
+        if not self.include_usage:
+            return b"data: [DONE]\n\n"
+        usage = usage_frame(result, self.request_id, self.model, self.created, chat=self.chat)
+        return sse(usage) + b"data: [DONE]\n\n"
+
+    def failure(self, err: Exception) -> bytes:
+        return sse(error_body(err)[1])
+
+
+async def stream_answer(
+    gateway: Gateway, flight: Flight, send: Send, kwargs: dict[str, Any], frames: StreamFrames
+) -> int:
+    """A stream. The response starts with the first chunk, so an error before it (unknown
+    model, context overflow...) gets its own status and a JSON body; one after it ends the
+    stream with ``frames.failure``, never a silent EOF; a client that left is sent nothing
+    more. Frames go out coalesced (:class:`FrameWriter`)."""
     writer = FrameWriter(lambda message: guarded_send(send, flight, message))
     async with anyio.create_task_group() as tg:
         tg.start_soon(writer.run)
-        status, error, tail = await _produce(
-            gateway, flight, writer, kwargs, model, chat=chat, include_usage=include_usage
-        )
-        if tail is not None:
-            writer.finish(tail)
-        elif error is None:  # the client is gone
+        failed: Exception
+        try:
+            result = await _relay(gateway, flight, writer, kwargs, frames)
+        except GenerationCancelledError as err:
+            gateway.stop_recorded(flight, err)
+            status, failed = 499, err
+        except Exception as err:
+            status, failed = error_body(err)[0], err
+        else:
+            writer.start()
+            writer.finish(frames.end(result))
+            return 200
+        if isinstance(failed, GenerationCancelledError) and flight.client_gone:
             writer.abandon()
         elif writer.started:
-            writer.finish(sse(error))
-        else:  # an error before the first frame: its own status and a JSON body
+            writer.finish(frames.failure(failed))
+        else:
             writer.abandon()
-            await guarded_send_json(send, flight, status, error)
+            await guarded_send_json(send, flight, *error_body(failed))
     return status
 
 
-async def _produce(
-    gateway: Gateway,
-    flight: Flight,
-    writer: FrameWriter,
-    kwargs: dict[str, Any],
-    model: str,
-    *,
-    chat: bool,
-    include_usage: bool,
-) -> tuple[int, dict[str, Any] | None, bytes | None]:
-    """Run the stream into ``writer``: ``(status, error body, the last bytes of a complete
-    answer)``; neither an error nor last bytes: the client is gone, send nothing more."""
-    llm = flight.backend.llm
-    created = int(time.time())
-    encoder = FrameEncoder(flight.request_id, model, created, chat=chat)
-    try:
-        stream = llm.astream(**kwargs, signal=flight.controller.signal, request_id=flight.call_id)
-        async with stream:
-            async for chunk in stream:
-                frames = encoder.encode(chunk)
-                if frames:
-                    writer.start()
-                    writer.write(frames)
-                    if writer.behind:
-                        await writer.room()
-        result: GenerateResult = stream.result()
-        gateway.metrics.prompt(flight.backend.name, result.usage)
-    except GenerationCancelledError as err:
-        gateway.stop_recorded(flight, err)
-        return 499, None if flight.client_gone else error_body(err)[1], None
-    except Exception as err:
-        status, payload = error_body(err)
-        return status, payload, None
-    writer.start()
-    usage = sse(usage_frame(result, flight.request_id, model, created, chat=chat)) if include_usage else b""
-    return 200, None, usage + b"data: [DONE]\n\n"
+async def _relay(
+    gateway: Gateway, flight: Flight, writer: FrameWriter, kwargs: dict[str, Any], frames: StreamFrames
+) -> GenerateResult:
+    """Run the stream into ``writer``, one chunk's bytes at a time; its result."""
+    stream = flight.backend.llm.astream(**kwargs, signal=flight.controller.signal, request_id=flight.call_id)
+    async with stream:
+        async for chunk in stream:
+            data = frames.chunk(chunk)
+            if data:
+                writer.start()
+                writer.write(data)
+                if writer.behind:
+                    await writer.room()
+    result: GenerateResult = stream.result()
+    gateway.metrics.prompt(flight.backend.name, result.usage)
+    return result
 
 
 def embeddings_endpoint(gateway: Gateway) -> Callable[[Request], Awaitable[Any]]:

@@ -36,13 +36,12 @@ from starlette.types import Send
 
 from ..errors import GenerationCancelledError
 from ..types import GenerateResult, StreamChunk, ToolCallDelta
-from .asgi import GenerationResponse, guarded_send, guarded_send_json
+from .asgi import GenerationResponse
 from .body import error_response, no_backend, read_json, request_id_of
-from .generation import whole_answer
+from .generation import stream_answer, whole_answer
 from .openai_wire import BadRequest, error_body, generation_args, openai_error
 from .request_ids import scoped
 from .responses_wire import ResponseBuilder, chat_body_of, encode_event, new_response_id
-from .sse_writer import FrameWriter
 from .state import Backend, Flight, Gateway
 from .workers import relay
 
@@ -254,7 +253,7 @@ def responses_endpoint(gateway: Gateway) -> Callable[[Request], Awaitable[Any]]:
 
         async def run(flight: Flight, send: Send) -> int:
             if stream:
-                return await _foreground_stream(gateway, flight, send, kwargs, builder)
+                return await stream_answer(gateway, flight, send, kwargs, _ResponseFrames(builder))
             return await _foreground_whole(gateway, flight, send, kwargs, builder)
 
         return GenerationResponse(gateway, backend, request_id, "responses", run)
@@ -316,49 +315,20 @@ def _result_chunks(result: GenerateResult) -> list[StreamChunk]:
     return chunks
 
 
-async def _foreground_stream(
-    gateway: Gateway, flight: Flight, send: Send, kwargs: dict[str, Any], builder: ResponseBuilder
-) -> int:
-    """Responses events over SSE; as on chat, the response starts with the first chunk (an
-    error before it gets its own status), a later error is the stream's ``error`` event, and a
-    client that left is sent nothing more."""
-    writer = FrameWriter(lambda message: guarded_send(send, flight, message))
-    status = 200
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(writer.run)
-        try:
-            stream = flight.backend.llm.astream(**kwargs, signal=flight.controller.signal, request_id=flight.call_id)
-            async with stream:
-                async for chunk in stream:
-                    events = builder.chunk(chunk)
-                    if events:
-                        writer.start()
-                        writer.write(b"".join(encode_event(e) for e in events))
-                        if writer.behind:
-                            await writer.room()
-            result: GenerateResult = stream.result()
-            gateway.metrics.prompt(flight.backend.name, result.usage)
-            tail = builder.finished(result)
-            writer.start()
-            writer.finish(b"".join(encode_event(e) for e in tail))
-        except GenerationCancelledError as err:
-            gateway.stop_recorded(flight, err)
-            status = 499
-            if flight.client_gone:
-                writer.abandon()
-            elif writer.started:
-                writer.finish(b"".join(encode_event(e) for e in builder.failed(err)))
-            else:
-                writer.abandon()
-                await guarded_send_json(send, flight, *error_body(err))
-        except Exception as err:
-            status, payload = error_body(err)
-            if writer.started:
-                writer.finish(b"".join(encode_event(e) for e in builder.failed(err)))
-            else:
-                writer.abandon()
-                await guarded_send_json(send, flight, status, payload)
-    return status
+class _ResponseFrames:
+    """The Responses API's events, for :func:`stream_answer`."""
+
+    def __init__(self, builder: ResponseBuilder) -> None:
+        self.builder = builder
+
+    def chunk(self, chunk: StreamChunk) -> bytes:
+        return b"".join(encode_event(e) for e in self.builder.chunk(chunk))
+
+    def end(self, result: GenerateResult) -> bytes:
+        return b"".join(encode_event(e) for e in self.builder.finished(result))
+
+    def failure(self, err: Exception) -> bytes:
+        return b"".join(encode_event(e) for e in self.builder.failed(err))
 
 
 # -- GET /v1/responses/{id}, POST /v1/responses/{id}/cancel ----------------------------------------

@@ -22,7 +22,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
 
@@ -559,6 +559,13 @@ class FakeServer:
         seconds = b.prefill_delay + b.prefill_per_char * len(self.prompt_text(record))
         if seconds > 0:
             conn.wait(seconds, interruptible=not b.finish_prompt_before_disconnect)
+
+    def decode_whole_answer(self, conn: Conn, record: RequestRecord, tokens: Iterable[object]) -> None:
+        """A non-streaming answer's decode, before anything is sent: a token delay per token,
+        each token's time recorded (a stop test's evidence that decoding ended)."""
+        for _ in tokens:
+            conn.wait(self.behavior.token_delay)
+            record.token_times.append(time.perf_counter())
 
     def tokens(self, max_tokens: int | None) -> tuple[Sequence[str], str]:
         """The answer as tokens, and the finish reason (``stop`` or ``length``)."""

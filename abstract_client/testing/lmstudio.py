@@ -187,9 +187,7 @@ class FakeLMStudioServer(FakeOpenAIServer):
         t0 = time.perf_counter()
         if not body.get("stream"):
             self.prefill(conn, record)
-            for _ in tokens:
-                conn.wait(self.behavior.token_delay)
-                record.token_times.append(time.perf_counter())
+            self.decode_whole_answer(conn, record, tokens)
             conn.send_json(200, self._result(model, tokens, reasoning, t0))
             return
         conn.start_chunked("text/event-stream")

@@ -244,9 +244,7 @@ class FakeOllamaServer(FakeOpenAIServer):
         self.prefill(conn, record)
         t_prefill = time.perf_counter()
         if not stream:
-            for _ in tokens:
-                conn.wait(self.behavior.token_delay)
-                record.token_times.append(time.perf_counter())
+            self.decode_whole_answer(conn, record, tokens)
             if fault == "error_on_200":
                 conn.send_json(200, {"error": "injected error under HTTP 200"})
                 return

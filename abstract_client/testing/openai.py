@@ -160,9 +160,7 @@ class FakeOpenAIServer(FakeServer):
         base = {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
         if not body.get("stream"):
             self.prefill(conn, record)
-            for _ in tokens:
-                conn.wait(self.behavior.token_delay)
-                record.token_times.append(time.perf_counter())
+            self.decode_whole_answer(conn, record, tokens)
             if fault == "error_on_200":
                 conn.send_json(200, self.error_body(500, "injected error under HTTP 200"))
                 return
@@ -321,9 +319,7 @@ class FakeOpenAIServer(FakeServer):
         }
         if not body.get("stream"):
             self.prefill(conn, record)
-            for _ in pieces:
-                conn.wait(self.behavior.token_delay)
-                record.token_times.append(time.perf_counter())
+            self.decode_whole_answer(conn, record, pieces)
             if fault == "error_on_200":
                 conn.send_json(200, self.error_body(500, "injected error under HTTP 200"))
                 return
