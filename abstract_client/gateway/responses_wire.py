@@ -265,34 +265,9 @@ class ResponseBuilder:
             return []
         events = self.started()
         if chunk.reasoning:
-            events += self._into("reasoning")
-            item = self._open
-            assert item is not None
-            item["_text"] += chunk.reasoning
-            events.append(
-                self._event(
-                    "response.reasoning_text.delta",
-                    item_id=item["id"],
-                    output_index=item["_index"],
-                    content_index=0,
-                    delta=chunk.reasoning,
-                )
-            )
+            events += self._text_delta("reasoning", "response.reasoning_text.delta", chunk.reasoning)
         if chunk.delta:
-            events += self._into("message")
-            item = self._open
-            assert item is not None
-            item["_text"] += chunk.delta
-            events.append(
-                self._event(
-                    "response.output_text.delta",
-                    item_id=item["id"],
-                    output_index=item["_index"],
-                    content_index=0,
-                    delta=chunk.delta,
-                    logprobs=[],
-                )
-            )
+            events += self._text_delta("message", "response.output_text.delta", chunk.delta, logprobs=[])
         piece = chunk.tool_call
         if piece is not None:
             call = self._calls.get(piece.index)
@@ -325,6 +300,15 @@ class ResponseBuilder:
                     )
                 )
         return events
+
+    def _text_delta(self, item_type: str, kind: str, text: str, **fields: Any) -> list[dict[str, Any]]:
+        """``text`` into the open item of ``item_type`` (a new one if another is open)."""
+        events = self._into(item_type)
+        item = self._open
+        assert item is not None
+        item["_text"] += text
+        location = {"item_id": item["id"], "output_index": item["_index"], "content_index": 0}
+        return [*events, self._event(kind, **location, delta=text, **fields)]
 
     def finished(self, result: GenerateResult) -> list[dict[str, Any]]:
         events = self.started() + self._close()
