@@ -92,9 +92,7 @@ def test_a_stop_on_a_resumable_stream_cancels_the_engine(llama: LlamaServer) -> 
                     event.set()
                     stopped_at = time.monotonic()
         assert info.value.partial_text
-        assert wait_until(lambda: not any(s.get("is_processing") for s in llama.slots()), 5), (
-            "the slot kept decoding after the stop"
-        )
+        assert llama.wait_idle(5), "the slot kept decoding after the stop"
         idle_after = time.monotonic() - stopped_at
     assert len(llama.cancelled_tasks()) > before  # the engine's own word: cancel task
     assert idle_after < 5
@@ -109,9 +107,7 @@ def test_a_resumable_stream_left_by_a_break_cancels_the_engine(llama: LlamaServe
             for i, _ in enumerate(stream):
                 if i == 5:
                     break
-        assert wait_until(lambda: not any(s.get("is_processing") for s in llama.slots()), 5), (
-            "the slot kept decoding after the break"
-        )
+        assert llama.wait_idle(5), "the slot kept decoding after the break"
     assert len(llama.cancelled_tasks()) > before
 
 
@@ -138,9 +134,7 @@ def test_a_stop_pressed_while_the_network_is_down_lands_when_it_is_back(llama: L
             assert isinstance(out.get("error"), GenerationCancelledError), out
             assert any(s.get("is_processing") for s in llama.slots())  # nobody could tell it yet
             proxy.reopen()
-            assert wait_until(lambda: not any(s.get("is_processing") for s in llama.slots()), 10), (
-                "the stop never reached the server once the network was back"
-            )
+            assert llama.wait_idle(10), "the stop never reached the server once the network was back"
     finally:
         proxy.close()
     assert len(llama.cancelled_tasks()) > before
@@ -157,7 +151,7 @@ def test_a_drop_past_the_resume_deadline_is_a_typed_error_with_the_partial_text(
             assert time.monotonic() - t0 < 30
             assert info.value.partial_text
             proxy.reopen()  # the give-up is a stop too: its DELETE lands once the server is reachable
-            assert wait_until(lambda: not any(s.get("is_processing") for s in llama.slots()), 10)
+            assert llama.wait_idle(10)
     finally:
         proxy.close()
 
