@@ -26,6 +26,50 @@ def set_later(fn: Callable[[], object], delay: float) -> threading.Thread:
     return thread
 
 
+class Press:
+    """A Stop pressed from another thread at a point of progress, not of time: once ``ready()``
+    is true (the Nth chunk, the server's record showing a request in prefill or decode). A
+    machine's load moves when that comes, never whether the press lands in the phase the test is
+    about. ``at`` is when it was pressed (``time.perf_counter()``)."""
+
+    def __init__(self, ready: Callable[[], object], press: Callable[[], object], timeout: float) -> None:
+        self.at: float | None = None
+        self._ready, self._press, self._timeout = ready, press, timeout
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="press-when", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + self._timeout
+        try:
+            while not self._done.is_set() and time.monotonic() < deadline:
+                try:
+                    ready = bool(self._ready())
+                except Exception:  # a record not there yet, a server between answers
+                    ready = False
+                if ready:
+                    self.at = time.perf_counter()
+                    self._press()
+                    return
+                time.sleep(0.002)
+        finally:
+            self._done.set()
+
+    def cancel(self) -> None:
+        self._done.set()
+
+    def wait(self, timeout: float | None = None) -> float:
+        """Join the presser; the time it pressed (fails the test if the phase never came)."""
+        self._thread.join(self._timeout if timeout is None else timeout)
+        assert self.at is not None, "the phase the Stop waits for never came"
+        return self.at
+
+
+def press_when(ready: Callable[[], object], press: Callable[[], object], *, timeout: float = 60.0) -> Press:
+    """Press ``press`` (``event.set``, ``controller.abort``, ``task.cancel``…) once ``ready()``."""
+    return Press(ready, press, timeout)
+
+
 def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 

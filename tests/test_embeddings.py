@@ -23,7 +23,7 @@ from abstract_client import (
 )
 from abstract_client.testing import FakeServer
 
-from .helpers import loop_settled, set_later
+from .helpers import loop_settled, press_when
 
 TEXTS = [f"text number {i}" for i in range(10)]
 
@@ -56,9 +56,11 @@ async def test_async_embed_and_dimensions(server: FakeServer, llm: LLM, anyio_ba
 def test_stop_between_batches_keeps_the_finished_vectors(server: FakeServer, llm: LLM, lane: str) -> None:
     server.behavior.embed_delay = 0.02  # 3 inputs a batch: ~60 ms a batch
     controller = AbortController()
-    set_later(controller.abort, 0.15)
+    # pressed once the server has answered two batches: between batches or inside the third
+    press = press_when(lambda: len([r for r in server.requests() if r.completed]) >= 2, controller.abort)
     with pytest.raises(GenerationCancelledError) as info:
         llm.embed([f"t{i}" for i in range(300)], batch_size=3, signal=controller.signal)
+    press.wait()
     err = info.value
     done = err.partial_embeddings
     assert done is not None and 0 < len(done) < 300 and len(done) % 3 == 0  # whole batches only
@@ -75,11 +77,11 @@ def test_stop_between_batches_keeps_the_finished_vectors(server: FakeServer, llm
 def test_stop_inside_one_big_batch_severs_it(server: FakeServer, llm: LLM, lane: str) -> None:
     server.behavior.embed_delay = 0.01
     event = threading.Event()
-    set_later(event.set, 0.2)
     t0 = time.perf_counter()
+    press = press_when(lambda: server.last.tokens_sent >= 5, event.set)  # inside the batch, by the server's count
     with pytest.raises(GenerationCancelledError) as info:
         llm.embed([f"t{i}" for i in range(2000)], batch_size=2000, cancel_event=event)
-    assert time.perf_counter() - t0 < 5  # not the 20 s the batch would take
+    assert time.perf_counter() - press.wait() < 5  # not the 20 s the batch would take
     assert info.value.partial_embeddings == []  # the one batch was in flight: nothing finished
     record = server.requests(embed_path(lane))[-1]
     seen = server.wait_for_disconnect(record)

@@ -15,7 +15,7 @@ import pytest
 from abstract_client import LLM, GenerationCancelledError, create_llm
 from abstract_client.testing.processes import LlamaServer
 
-from .helpers import launch_llama_server, needs_mlx, wait_until
+from .helpers import launch_llama_server, needs_mlx, press_when, wait_until
 
 HIDDEN = 576
 CAPITAL = [
@@ -168,9 +168,14 @@ def test_vllm_pooling_runner_vectors_and_stop(tmp_path_factory: pytest.TempPathF
         with create_llm("vllm", "smollm2", base_url=server.url, max_retries=0) as llm:
             check_vectors(llm)
             event = threading.Event()
-            threading.Timer(0.5, event.set).start()
+            succeeded = server.metrics().get("vllm:request_success_total", 0.0)
+            # pressed once vLLM has answered two batches (its own count), whatever the load
+            press = press_when(
+                lambda: server.metrics().get("vllm:request_success_total", 0.0) >= succeeded + 2, event.set
+            )
             with pytest.raises(GenerationCancelledError) as info:
                 llm.embed([f"Sentence number {i}." for i in range(2000)], batch_size=8, cancel_event=event)
+            press.wait()
             done = info.value.partial_embeddings
             assert done is not None and len(done) < 2000 and len(done) % 8 == 0
             # vLLM's own evidence: nothing running (the batch in flight was aborted or done),

@@ -4,7 +4,6 @@ connection released."""
 from __future__ import annotations
 
 import socket
-import threading
 
 import httpx
 import pytest
@@ -19,6 +18,8 @@ from abstract_client import (
     TransportError,
 )
 from abstract_client.testing import FakeServer
+
+from .helpers import press_when
 
 FAULTS = [
     ("drop", TransportError, True),
@@ -97,9 +98,10 @@ def test_a_stop_is_translated_once_and_chains_the_transport_failure(server: Fake
     GenerationCancelledError."""
     server.behavior.token_delay = 0.05
     controller = AbortController()
-    threading.Timer(0.1, controller.abort).start()
+    press = press_when(lambda: server.last.tokens_sent >= 2, controller.abort)  # mid-body, by the server's record
     with pytest.raises(GenerationCancelledError) as info:
         llm.generate("x", max_tokens=1000, signal=controller.signal)
+    press.wait()
     # Rule 4 as documented: the cause is the failure that ended the wait, if one did; a sync
     # caller is normally woken by the stop before anything fails (no cause; pinned with the
     # loop held in test_stop_mechanism), unless the loop already had the failed read in hand.

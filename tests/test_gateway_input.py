@@ -256,7 +256,7 @@ def test_a_client_that_leaves_before_the_answer_gets_a_499_and_no_error_is_logge
 
     upstream.behavior.token_delay = 0.05
     with gateway_of(upstream) as gw, caplog.at_level(logging.WARNING):
-        for _ in range(3):
+        for n in range(3):
             with socket.create_connection(("127.0.0.1", gw.port), timeout=30) as sock:
                 sock.sendall(
                     (
@@ -264,13 +264,16 @@ def test_a_client_that_leaves_before_the_answer_gets_a_499_and_no_error_is_logge
                         f"Content-Length: {len(BODY.replace('2}', '400}'))}\r\n\r\n{BODY.replace('2}', '400}')}"
                     ).encode()
                 )
-                record_count = len(upstream.requests())
+                # Half-closed once the upstream holds the request: the gateway's loop then reads
+                # the EOF at once (with uvicorn's default, a close before any answer), whatever
+                # the machine's load. A half-close sent with the request raced the disconnect
+                # thread's 499 against that read, and a closing protocol could pass.
+                upstream.wait_for_request(n + 1, timeout=30)
                 sock.shutdown(socket.SHUT_WR)
                 answer = b""
                 while chunk := sock.recv(65536):
                     answer += chunk
             assert answer.startswith(b"HTTP/1.1 499"), answer[:200]
-            assert record_count >= 0
     assert not [r for r in caplog.records if "without starting response" in r.getMessage()]
     for record in upstream.requests("/v1/chat/completions"):
         upstream.wait_for_disconnect(record, timeout=10)  # each stopped upstream

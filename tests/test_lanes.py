@@ -22,7 +22,7 @@ from abstract_client import (
 )
 from abstract_client.testing import FakeLMStudioServer, FakeOllamaServer, FakeServer
 
-from .helpers import stream_in_threads, wait_until
+from .helpers import press_when, stream_in_threads, wait_until
 
 OLLAMA = "http://ollama.test"
 LMS = "http://lmstudio.test"
@@ -172,14 +172,14 @@ def test_ollama_pre_030_finishes_the_prompt_before_noticing() -> None:
         create_llm("ollama", "fake-model", base_url=server.base_url) as llm,
     ):
         controller = AbortController()
-        threading.Timer(0.2, controller.abort).start()
-        t0 = time.perf_counter()
+        press = press_when(lambda: server.requests("/api/chat"), controller.abort)  # during the prompt
         with pytest.raises(GenerationCancelledError):
             llm.generate("x", signal=controller.signal)
-        assert time.perf_counter() - t0 < 0.7  # the caller gets the stop at once
-        seen = server.wait_for_disconnect(server.last)
-        assert seen - t0 >= 0.9  # ...the server noticed only after the prompt
-        assert server.last.tokens_sent == 0
+        assert time.perf_counter() - press.wait() < 0.7  # the caller gets the stop at once
+        record = server.last
+        seen = server.wait_for_disconnect(record)
+        assert seen - record.received_at >= 0.95  # ...the server noticed only after the 1 s prompt
+        assert record.tokens_sent == 0
 
 
 # -- LM Studio -------------------------------------------------------------------------------
@@ -282,13 +282,13 @@ def test_lmstudio_finishes_the_prompt_before_it_stops() -> None:
         create_llm("lmstudio", "fake-model", base_url=server.base_url) as llm,
     ):
         event = threading.Event()
-        threading.Timer(0.2, event.set).start()
-        t0 = time.perf_counter()
+        press = press_when(lambda: server.requests(), event.set)  # during the prompt
         with pytest.raises(GenerationCancelledError):
             list(llm.stream("x", cancel_event=event))
-        assert time.perf_counter() - t0 < 0.7  # returns to the caller at once
-        seen = server.wait_for_disconnect(server.last)
-        assert seen - t0 >= 0.9 and server.last.tokens_sent == 0  # server stopped after the prompt
+        assert time.perf_counter() - press.wait() < 0.7  # returns to the caller at once
+        record = server.last
+        seen = server.wait_for_disconnect(record)
+        assert seen - record.received_at >= 0.95 and record.tokens_sent == 0  # server stopped after the prompt
 
 
 @pytest.mark.parametrize("fake", [FakeOllamaServer, FakeLMStudioServer])

@@ -155,3 +155,24 @@ def test_nothing_imports_a_generic_top_level_name() -> None:
                 continue
             found += [f"{name}: {t}" for t in targets if t.split(".")[0] in generic]
     assert found == []
+
+
+def test_every_runtime_dependency_is_imported_by_the_library() -> None:
+    """What ``pyproject.toml`` installs for every user is what the library imports (httpcore was
+    declared and imported nowhere: httpx brings its own)."""
+    import re
+    import tomllib
+
+    root = Path(__file__).resolve().parent.parent
+    declared = tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
+    imported: set[str] = set()
+    for folder in ("abstract_client", "providers"):
+        for path in (root / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Import):
+                    imported |= {alias.name.split(".")[0] for alias in node.names}
+                elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                    imported.add(node.module.split(".")[0])
+    for requirement in declared:
+        name = re.split(r"[<>=!~\[; ]", requirement, maxsplit=1)[0].replace("-", "_").lower()
+        assert name in imported, f"{requirement!r} is declared but nothing in the library imports {name}"

@@ -20,7 +20,7 @@ from abstract_client import (
 from abstract_client.stopping.event_hook import listeners_on
 from abstract_client.testing import FakeOpenAIServer
 
-from .helpers import loop_settled, open_fds, wait_until
+from .helpers import loop_settled, open_fds, press_when, wait_until
 
 N_STOPS = 500
 
@@ -184,12 +184,12 @@ def test_every_exit_path_releases_the_stop_sources() -> None:
         with pytest.raises(ProviderError):
             llm.generate("x", cancel_event=event)  # failed
         assert released()
-        stopper = threading.Timer(0.02, event.set)
-        stopper.start()
+        requests = len(server.requests())
+        stopper = press_when(lambda: len(server.requests()) > requests and server.last.tokens_sent >= 3, event.set)
         with pytest.raises(GenerationCancelledError):
             for _ in llm.stream("x", max_tokens=10_000, cancel_event=event):  # stopped
                 pass
-        stopper.join()
+        stopper.wait()
         # a stopped sync caller raises at once; the loop releases the call right behind it
         assert llm.in_flight == [] and loop_settled(llm), llm.in_flight
         assert listeners_on(event) == 0

@@ -25,7 +25,7 @@ from abstract_client import (
 )
 from abstract_client.testing.processes import LlamaServer
 
-from .helpers import launch_llama_server, wait_until
+from .helpers import launch_llama_server, press_when, wait_until
 from .server_contract import *  # noqa: F403  (the shared suite: ServerLane and its tests)
 from .server_contract import ServerLane
 
@@ -68,9 +68,9 @@ def server_lane(llama: LlamaServer) -> ServerLane:
         story="Write a very long story about a dragon.",
         max_tokens=2000,
         long_prompt=long_prompt(),
-        stop_after_s=1.0,
-        prefill_stop_after_s=1.0,
         mark=lambda: len(llama.cancelled_tasks()),
+        decoding=lambda before: (llama.processing_decoded() or 0) >= 10,
+        prefilling=lambda before: llama.processing_decoded() == 0,
         assert_stopped=lambda before: assert_server_stopped(llama, before),
         after_prefill_stop=mid_prompt,
     )
@@ -128,9 +128,10 @@ def test_stop_is_never_retried(llama: LlamaServer) -> None:
     with lm:
         before_log = llama.log_text()
         controller = AbortController()
-        threading.Timer(0.7, controller.abort).start()
+        press = press_when(lambda: (llama.processing_decoded() or 0) >= 10, controller.abort)
         with pytest.raises(GenerationCancelledError):
             lm.generate("Tell me a long story.", max_tokens=2000, ignore_eos=True, signal=controller.signal)
+        press.wait()
         time.sleep(1.5)
         new_log = llama.log_text()[len(before_log) :]
     assert new_log.count("processing task") == 1, new_log[-2000:]  # one task: never retried

@@ -26,7 +26,7 @@ from abstract_client import (
     create_llm,
 )
 
-from .helpers import require_module, stream_in_threads
+from .helpers import press_when, require_module, stream_in_threads
 
 mx = require_module("mlx.core", "mlx")
 from abstract_client.providers.mlx import MLXProvider  # noqa: E402
@@ -123,9 +123,10 @@ def test_stop_during_prefill_raises_before_the_first_token(tiny: LLM) -> None:
 
 def test_non_streaming_stop_keeps_partial_text(tiny: LLM) -> None:
     controller = AbortController()
-    threading.Timer(0.3, controller.abort).start()
+    press = press_when(lambda: provider(tiny).stats("ns").tokens >= 5, controller.abort)  # type: ignore[union-attr]
     with pytest.raises(GenerationCancelledError) as info:
         tiny.generate("hello", max_tokens=1_000_000, signal=controller.signal, request_id="ns", **NO_EOS)
+    press.wait()
     assert provider(tiny).thread.wait_idle(2)
     assert info.value.generated_tokens > 0 and info.value.partial_text
     assert provider(tiny).stats("ns").stopped_in == "decode"  # type: ignore[union-attr]

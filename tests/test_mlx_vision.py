@@ -28,7 +28,7 @@ from abstract_client import (
     image_part,
 )
 
-from .helpers import require_module, stream_in_threads, wait_until
+from .helpers import press_when, require_module, stream_in_threads, wait_until
 
 mx = require_module("mlx.core", "mlx")
 require_module("mlx_vlm", "vlm")
@@ -204,9 +204,10 @@ def test_a_stop_in_decode_lands_within_one_token(llava: LLM, png: bytes, at_samp
 
 def test_non_streaming_stop_keeps_partial_text(llava: LLM, png: bytes) -> None:
     controller = AbortController()
-    threading.Timer(0.5, controller.abort).start()
+    press = press_when(lambda: engine(llava).stats("ns").tokens >= 3, controller.abort)  # type: ignore[union-attr]
     with pytest.raises(GenerationCancelledError) as info:
         llava.generate(messages=look(png), max_tokens=1_000_000, signal=controller.signal, request_id="ns", **NO_EOS)
+    press.wait()
     assert engine(llava).thread.wait_idle(10)
     stats = engine(llava).stats("ns")
     assert stats is not None and stats.stopped_in == "decode" and stats.tokens > 0

@@ -6,7 +6,8 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import anyio
 import httpx
@@ -24,6 +25,8 @@ from abstract_client import (
     create_llm,
 )
 
+from .helpers import press_when
+
 HTTP_LANES = ["openai-compatible", "llamacpp", "vllm", "ollama", "lmstudio"]
 
 
@@ -35,9 +38,15 @@ def _closed_port() -> int:
     return port
 
 
+@dataclass
+class SilentPort:
+    port: int
+    accepted: list[socket.socket]
+
+
 @pytest.fixture
-def silent_port() -> Iterator[int]:
-    """A port that accepts connections and never answers."""
+def silent_port() -> Iterator[SilentPort]:
+    """A port that accepts connections and never answers (``accepted``: how many so far)."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(16)
@@ -51,7 +60,7 @@ def silent_port() -> Iterator[int]:
                 return
 
     threading.Thread(target=accept, daemon=True).start()
-    yield int(listener.getsockname()[1])
+    yield SilentPort(int(listener.getsockname()[1]), accepted)
     listener.close()
     for conn in accepted:
         conn.close()
@@ -95,30 +104,37 @@ def test_lmstudio_wait_ready_is_typed_not_a_bare_timeout() -> None:
 
 
 @pytest.mark.parametrize("lane", HTTP_LANES)
-def test_model_calls_have_a_deadline_and_a_stop(lane: str, silent_port: int) -> None:
-    with create_llm(lane, "m", base_url=f"http://127.0.0.1:{silent_port}") as llm:
+def test_model_calls_have_a_deadline_and_a_stop(lane: str, silent_port: SilentPort) -> None:
+    def held() -> Callable[[], bool]:  # true once the silent server holds one more connection
+        n = len(silent_port.accepted)
+        return lambda: len(silent_port.accepted) > n
+
+    with create_llm(lane, "m", base_url=f"http://127.0.0.1:{silent_port.port}") as llm:
         t0 = time.monotonic()
         with pytest.raises(GenerationTimeoutError):
             llm.list_models(timeout=0.3)
         assert time.monotonic() - t0 < 10  # generous: the point is that it ends
         event = threading.Event()
-        threading.Timer(0.2, event.set).start()
+        press = press_when(held(), event.set)
         with pytest.raises(GenerationCancelledError) as info:
             llm.list_models(cancel_event=event)
+        press.wait()
         assert info.value.reason == "user"
         controller = AbortController()
-        threading.Timer(0.2, controller.abort).start()
+        press = press_when(held(), controller.abort)
         with pytest.raises(GenerationCancelledError):
             llm.list_models(signal=controller.signal)
-        threading.Timer(0.3, llm.close).start()
+        press.wait()
+        press = press_when(held(), llm.close)
         with pytest.raises(GenerationCancelledError) as info:
             llm.wait_ready(30)  # no source of its own: close() from another thread stops it
+        press.wait()
         assert info.value.reason == "shutdown"
 
 
 @pytest.mark.anyio
-async def test_close_stops_model_calls_in_flight(anyio_backend: str, silent_port: int) -> None:
-    llm = create_llm("ollama", "m", base_url=f"http://127.0.0.1:{silent_port}")
+async def test_close_stops_model_calls_in_flight(anyio_backend: str, silent_port: SilentPort) -> None:
+    llm = create_llm("ollama", "m", base_url=f"http://127.0.0.1:{silent_port.port}")
     outcome: list[BaseException] = []
 
     async def listing() -> None:

@@ -24,7 +24,7 @@ from abstract_client import (
 )
 from abstract_client.testing import FakeLMStudioServer, FakeOllamaServer, FakeOpenAIServer
 
-from .helpers import needs_mlx, stream_in_threads, wait_until
+from .helpers import needs_mlx, press_when, stream_in_threads, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("soak", ROOT / "benchmarks" / "soak.py")
@@ -83,9 +83,11 @@ def test_a_port_that_accepts_and_never_answers() -> None:
                 llm.generate("x", timeout=Timeout(first_token=0.5))
             assert info.value.kind == "first_token"
             controller = AbortController()
-            threading.Timer(0.3, controller.abort).start()
+            held = len(accepted)
+            press = press_when(lambda: len(accepted) > held, controller.abort)  # the server holds it
             with pytest.raises(GenerationCancelledError):
                 list(llm.stream("x", signal=controller.signal))
+            press.wait()
             # the severed connections were closed on our side
             assert wait_until(lambda: all(_peer_closed(c) for c in accepted))
     finally:

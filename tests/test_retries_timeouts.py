@@ -9,6 +9,7 @@ import time
 import pytest
 
 from abstract_client import (
+    AbortController,
     GenerationCancelledError,
     GenerationTimeoutError,
     ProviderAPIError,
@@ -20,7 +21,7 @@ from abstract_client import (
 )
 from abstract_client.testing import FakeServer
 
-from .helpers import set_later
+from .helpers import press_when, set_later
 
 
 @pytest.fixture
@@ -75,19 +76,22 @@ def test_stop_during_backoff_ends_it_at_once_and_is_not_retried(server: FakeServ
     server.inject("loading_503", 10)
     event = threading.Event()
     with make(server) as llm:
-        set_later(event.set, 0.3)
-        t0 = time.perf_counter()
+        # pressed once the 503 is answered: the call is in its 30 s backoff
+        press = press_when(lambda: server.last.completed, event.set)
         with pytest.raises(GenerationCancelledError):
             llm.generate("x", cancel_event=event)
-        assert time.perf_counter() - t0 < 2.0
+        assert time.perf_counter() - press.wait() < 2.0
     assert len(server.requests()) == 1 and server.connections == 1  # the stop was never retried
 
 
 def test_a_stopped_call_is_never_retried(server: FakeServer, make) -> None:  # type: ignore[no-untyped-def]
     server.behavior.prefill_delay = 30
+    controller = AbortController()
     with make(server, retries=5) as llm:
+        press = press_when(lambda: server.requests(), controller.abort)  # the server holds it
         with pytest.raises(GenerationCancelledError):
-            llm.generate("x", signal=_abort_after(0.2))
+            llm.generate("x", signal=controller.signal)
+        press.wait()
         time.sleep(0.3)
     # requests AND connections: a retry severed at connect would leave a connection, no request
     # (tests/test_stop_mechanism.py also counts the provider's attempts, in every phase)
@@ -188,9 +192,3 @@ def test_connect_timeout() -> None:
         for s in fillers:
             s.close()
         listener.close()
-
-
-def _abort_after(seconds: float):  # type: ignore[no-untyped-def]
-    from abstract_client import AbortSignal
-
-    return AbortSignal.timeout(seconds)

@@ -17,6 +17,8 @@ from abstract_client import (
 )
 from abstract_client.testing import FakeServer
 
+from .helpers import press_when
+
 pytestmark = pytest.mark.anyio
 SERVER_SEES_EOF_S = 1.0
 
@@ -67,10 +69,11 @@ async def test_abort_from_another_thread_mid_stream(server: FakeServer, llm: LLM
 async def test_threading_event_in_async_code(server: FakeServer, llm: LLM) -> None:
     server.behavior.prefill_delay = 30
     event = threading.Event()
-    threading.Timer(0.2, event.set).start()
+    press = press_when(lambda: server.requests(), event.set)  # the server holds it, in its prompt
     with pytest.raises(GenerationCancelledError):
         await llm.agenerate("x", cancel_event=event)
     server.wait_for_disconnect(server.last)
+    press.wait()
 
 
 async def test_framework_cancellation_is_reraised_unchanged(server: FakeServer, llm: LLM) -> None:

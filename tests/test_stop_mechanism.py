@@ -39,7 +39,7 @@ from abstract_client.stopping.token import InflightRegistry, StopToken
 from abstract_client.testing import FakeServer
 from abstract_client.types import GenerationRequest, Timeout
 
-from .helpers import FIN_SENT, LoopHold, guard_of, loop_settled, tcp_state, wait_until
+from .helpers import FIN_SENT, LoopHold, guard_of, loop_settled, press_when, tcp_state, wait_until
 
 HOLD_S = 1.5  # how long the loop is held: every ordering below has this much margin
 ANSWER = "".join(f"tok{i} " for i in range(1000))  # the fake's endless answer: partial text is a prefix
@@ -354,7 +354,8 @@ def test_one_error_per_stop_on_the_sync_path(
     server.behavior.token_delay = 0.01
     server.behavior.embed_delay = 0.02
     event = threading.Event()
-    threading.Timer(0.3, event.set).start()
+    # mid-answer (or mid-batches), by the server's record
+    press = press_when(lambda: len(server.requests()) >= 2 or server.last.tokens_sent >= 3, event.set)
     with pytest.raises(GenerationCancelledError) as info:
         if how == "generate":
             llm.generate("x", max_tokens=100_000, cancel_event=event)
@@ -363,5 +364,6 @@ def test_one_error_per_stop_on_the_sync_path(
                 pass
         else:
             llm.embed([f"t{i}" for i in range(300)], batch_size=3, cancel_event=event)
+    press.wait()
     assert llm.in_flight == [] and loop_settled(llm)  # the loop has unwound behind the caller
     assert built == [info.value]

@@ -19,7 +19,7 @@ from abstract_client import (
 from abstract_client.http.guard import SocketGuard
 from abstract_client.testing import FakeServer
 
-from .helpers import guard_of, loop_settled, set_later, wait_until
+from .helpers import guard_of, loop_settled, press_when, set_later, wait_until
 
 # Generous wall-clock bounds: this machine is shared (2 cores). Tight figures are in benchmarks/.
 PROMPT_STOP_S = 1.0
@@ -52,14 +52,14 @@ def test_wrong_stop_types_are_a_type_error(llm: LLM, bad: object) -> None:
 def test_stop_while_waiting_for_headers(server: FakeServer, llm: LLM) -> None:
     server.behavior.prefill_delay = 30  # the server is "processing the prompt"
     event = threading.Event()
-    set_later(event.set, 0.2)
-    t0 = time.perf_counter()
+    press = press_when(lambda: server.requests(), event.set)  # the server holds the request
     with pytest.raises(GenerationCancelledError) as info:
         llm.generate("long prompt", cancel_event=event)
-    assert time.perf_counter() - t0 < 0.2 + PROMPT_STOP_S
+    pressed = press.wait()
+    assert time.perf_counter() - pressed < PROMPT_STOP_S
     record = server.last
     seen = server.wait_for_disconnect(record)
-    assert seen - t0 < 0.2 + SERVER_SEES_EOF_S
+    assert seen - pressed < SERVER_SEES_EOF_S
     assert record.headers_sent_at is None  # stopped before the server answered at all
     assert info.value.cancel_to_stop_ms is not None and info.value.cancel_to_stop_ms < 1000
 
@@ -68,9 +68,10 @@ def test_stop_while_waiting_for_headers(server: FakeServer, llm: LLM) -> None:
 def test_stop_during_non_streaming_body(server: FakeServer, llm: LLM, plain_wire: bool) -> None:
     server.behavior.token_delay = 0.01
     controller = AbortController()
-    set_later(controller.abort, 0.3)
+    press = press_when(lambda: server.last.tokens_sent >= 3, controller.abort)  # mid-body, by the server's record
     with pytest.raises(GenerationCancelledError) as info:
         llm.generate("x", max_tokens=10_000, signal=controller.signal, plain_wire=plain_wire)
+    press.wait()
     record = server.last
     seen = server.wait_for_disconnect(record)
     assert controller.signal.aborted_at is not None

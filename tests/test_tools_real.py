@@ -25,7 +25,7 @@ from abstract_client import (
 )
 from abstract_client.testing.processes import LlamaServer
 
-from .helpers import WEATHER_TOOL, launch_llama_server, needs_mlx
+from .helpers import WEATHER_TOOL, launch_llama_server, needs_mlx, press_when
 from .test_llamacpp_real import assert_server_stopped
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
@@ -116,11 +116,10 @@ def test_llama_server_stop_mid_structured_answer_cancels_the_task(lm: LLM, llama
     # non-streaming, over the streaming wire: the same
     cancels = len(llama.cancelled_tasks())
     stop = threading.Event()
-    timer = threading.Timer(1.5, stop.set)
-    timer.start()
+    press = press_when(lambda: (llama.processing_decoded() or 0) >= 10, stop.set)  # the server's own count
     with pytest.raises(GenerationCancelledError):
         lm.generate(messages=ask("List many words."), response_format=MANY, max_tokens=2000, cancel_event=stop)
-    timer.join()
+    press.wait()
     assert_server_stopped(llama, cancels)
 
 

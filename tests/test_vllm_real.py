@@ -79,9 +79,9 @@ def server_lane(vllm: VLLMServer) -> ServerLane:
         story=STORY,
         max_tokens=1500,
         long_prompt="Summarise: " + " ".join(f"word{i % 97}" for i in range(600)),  # ~1800 tokens, 64 per step
-        stop_after_s=1.5,
-        prefill_stop_after_s=0.5,
-        mark=lambda: None,
+        mark=vllm.generation_tokens,
+        decoding=lambda before: vllm.running() >= 1 and vllm.generation_tokens() >= before + 10,
+        prefilling=lambda before: vllm.running() >= 1 and vllm.generation_tokens() == before,
         assert_stopped=lambda before: assert_vllm_stopped(vllm),
     )
 

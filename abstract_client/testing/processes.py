@@ -163,15 +163,26 @@ class LlamaServer(ServerProcess):
             time.sleep(0.02)
         return False
 
+    def processing_decoded(self) -> int | None:
+        """Tokens decoded by the task a slot is processing now: 0 while its prompt is still
+        being processed, None when no slot is busy (or /slots did not answer)."""
+        try:
+            slots = self.slots()
+        except (OSError, ValueError):
+            return None
+        for slot in slots:
+            if slot.get("is_processing"):
+                return _decoded(slot)
+        return None
+
     def n_decoded(self) -> int:
-        total = 0
-        for slot in self.slots():
-            nt = slot.get("next_token")
-            items = nt if isinstance(nt, list) else [nt]
-            for item in items:
-                if isinstance(item, dict) and isinstance(item.get("n_decoded"), int):
-                    total += item["n_decoded"]
-        return total
+        return sum(_decoded(slot) for slot in self.slots())
+
+
+def _decoded(slot: dict[str, Any]) -> int:
+    nt = slot.get("next_token")
+    items = nt if isinstance(nt, list) else [nt]
+    return sum(item["n_decoded"] for item in items if isinstance(item, dict) and isinstance(item.get("n_decoded"), int))
 
 
 class VLLMServer(ServerProcess):
