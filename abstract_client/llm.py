@@ -14,7 +14,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Awaitable, Callable
-from typing import Any, TypedDict, TypeVar, Unpack
+from typing import Any, TypedDict, TypeVar, Unpack, cast
 
 import anyio
 
@@ -185,6 +185,13 @@ class LLM:
         if request_id is not None:
             check_request_id(request_id)
         return Call(spec, StopToken(request_id or uuid.uuid4().hex), self._inflight, gate=self._ejecting)
+
+    def check_call(self, prompt: str | None = None, **options: Any) -> None:
+        """Check a generation's arguments exactly as :meth:`generate` does — the same
+        ``TypeError`` or ``ValueError`` — and send nothing. For a caller that must refuse a
+        request before it answers (the gateway's background responses answer 200 before they
+        run)."""
+        self._call(prompt, cast(GenerateOptions, options))
 
     def _call(self, prompt: str | None, options: GenerateOptions) -> Call:
         """The one constructor of a generation call, shared by the four generation methods:

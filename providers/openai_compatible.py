@@ -431,10 +431,15 @@ class OpenAICompatibleProvider(Provider):
             path = f"{self.responses_path}/{events.response_id}/cancel"
             self._cancels.send("POST", path, retry_for=STOP_REACH_S, retry_statuses=(404,))
 
-        def reopen(after: int | None) -> AbstractAsyncContextManager[httpx.Response]:
+        def reopen(after: Position) -> AbstractAsyncContextManager[httpx.Response]:
             if events.response_id is None:
                 raise TransportError(
                     "the connection dropped before the server named the response: it cannot be resumed",
+                    provider=self.name,
+                )
+            if isinstance(after, _Unnumbered):  # resuming would replay: a typed error instead
+                raise TransportError(
+                    "the stream dropped and cannot be resumed: the server's events carry no sequence_number",
                     provider=self.name,
                 )
             params = {"stream": "true"} if after is None else {"stream": "true", "starting_after": str(after)}
@@ -446,8 +451,15 @@ class OpenAICompatibleProvider(Provider):
                 reopen,
                 read=response_events,
                 advance=_sequence_after,
+                seen=_already_handed_out,
                 start=None,
-                where=lambda after: "the first event" if after is None else f"event {after}",
+                where=lambda after: (
+                    "the first event"
+                    if after is None
+                    else f"event {after}"
+                    if isinstance(after, int)
+                    else "an unnumbered event"
+                ),
                 resume_timeout=request.resume_timeout,
                 token=ctx.token,
                 provider=self.name,
@@ -496,7 +508,27 @@ class OpenAICompatibleProvider(Provider):
         await poll_until_ready(self.clients.get(), self.ready_path, timeout, provider=self.name)
 
 
-def _sequence_after(last: int | None, event: Any) -> int | None:
-    """The position a resume starts after: the ``sequence_number`` of the last event handed out."""
+class _Unnumbered:
+    """The position after an event with no ``sequence_number``: no resume can start there."""
+
+
+UNNUMBERED = _Unnumbered()
+Position = int | None | _Unnumbered
+
+
+def _number(event: Any) -> int | None:
     sequence = event.get("sequence_number") if isinstance(event, dict) else None
-    return sequence if isinstance(sequence, int) and not isinstance(sequence, bool) else last
+    return sequence if isinstance(sequence, int) and not isinstance(sequence, bool) else None
+
+
+def _sequence_after(last: Position, event: Any) -> Position:
+    """The position a resume starts after: the ``sequence_number`` of the last event handed out
+    (once an event came without one, no resume can say where it stands)."""
+    number = _number(event)
+    return UNNUMBERED if number is None or last is UNNUMBERED else number
+
+
+def _already_handed_out(last: Position, event: Any) -> bool:
+    """An event numbered at or below the last one handed out: a replay, dropped."""
+    number = _number(event)
+    return isinstance(last, int) and number is not None and number <= last

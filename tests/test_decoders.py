@@ -61,6 +61,29 @@ def test_sse_line_too_long_is_a_protocol_error() -> None:
         decoder.feed(b"data: " + b"x" * 2000)
 
 
+@pytest.mark.parametrize("newline", [b"\n", b"\r\n"], ids=["lf-fast-path", "crlf"])
+def test_sse_an_event_larger_than_its_bound_is_a_protocol_error_and_frees_its_lines(newline: bytes) -> None:
+    """#48: each line under the line bound, no blank line: without an event bound the data
+    lines piled up (300 lines of 1 MiB: 300 MiB held)."""
+    decoder = SSEDecoder(max_line_bytes=1024, max_event_bytes=10_000)
+    line = b"data: " + b"x" * 900 + newline
+    events = decoder.feed((line * 11 + newline) * 3)  # each under the bound: the bound is per event
+    assert [e.data.count("x") for e in events] == [9_900] * 3
+    with pytest.raises(ProviderProtocolError, match="SSE event larger than 10000"):
+        for _ in range(20):
+            decoder.feed(line)
+    assert decoder._data == []  # let go at once
+
+
+def test_sse_the_default_event_bound_holds_over_many_reads() -> None:
+    decoder = SSEDecoder()
+    line = b"data: " + b"x" * (1024 * 1024 - 8) + b"\n"
+    with pytest.raises(ProviderProtocolError, match="SSE event larger than"):
+        for _ in range(300):
+            decoder.feed(line)
+    assert sum(len(d) for d in decoder._data) <= decoder.max_event_bytes
+
+
 def test_sse_unfinished_block_is_dropped_and_flagged() -> None:
     decoder = SSEDecoder()
     assert decoder.feed(b"data: partial") == []

@@ -143,6 +143,72 @@ def test_bad_responses_bodies_are_400(gw: InProcessGateway) -> None:
         assert answer.json()["error"]["type"] == "invalid_request_error"
 
 
+def test_a_background_request_meets_the_foregrounds_checks_before_its_200(
+    upstream: FakeOpenAIServer, gw: InProcessGateway
+) -> None:
+    """#48: with ``background: true`` these got 200 ``queued``, then ``failed`` (a NaN: a
+    plain-text 500 and a traceback, after the task had started). Each is a 400 both ways, and
+    nothing reaches the upstream."""
+    weather = {"type": "function", "name": "w", "parameters": {"type": "object"}}
+    bad: list[tuple[dict[str, Any], bytes | None]] = [
+        ({"tools": [{**weather, "parameters": {"$ref": "#"}}]}, None),
+        ({"tools": [weather, weather]}, None),  # duplicate names
+        ({"top_p": 5}, None),
+        ({"stop": 5}, None),
+        ({"temperature": "hot"}, None),
+        ({"max_output_tokens": 0}, None),
+        ({}, b'"temperature": NaN'),  # what json.dumps would never write: a raw body
+        ({}, b'"top_p": Infinity'),
+        ({}, b'"seed": 1e400'),
+        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "file:///etc/passwd"}]}]}, None),
+    ]
+    for extra, raw in bad:
+        for background in (False, True):
+            body = {"model": "m", "input": "x", "background": background, **extra}
+            if raw is None:
+                answer = httpx.post(gw.url + "/v1/responses", json=body)
+            else:
+                text = json.dumps(body)[:-1] + ", " + raw.decode() + "}"
+                answer = httpx.post(
+                    gw.url + "/v1/responses", content=text, headers={"content-type": "application/json"}
+                )
+            assert answer.status_code == 400, (extra, raw, background, answer.status_code, answer.text[:300])
+            assert answer.json()["error"]["type"] == "invalid_request_error"
+    assert upstream.requests("/v1/chat/completions") == []
+
+
+def test_request_checks_are_bounded_in_count_and_size(gw: InProcessGateway) -> None:
+    """#48: 100k tools (each a JSON-schema check) held a worker's loop for minutes; 1M messages
+    for 7 s. Past the caps, a typed 400 at once."""
+    tool = {"type": "function", "function": {"name": "t", "parameters": {"type": "object"}}}
+    many_tools = [{**tool, "function": {**tool["function"], "name": f"t{i}"}} for i in range(300)]
+    for body in (
+        {"model": "m", "messages": [{"role": "user", "content": "x"}] * 200_000},
+        {"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": many_tools},  # ~25 KB
+        {"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [tool] * 20_000},  # ~1.5 MB
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "x"}],
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "big", "schema": {"type": "object", "description": "x" * 2_000_000}},
+            },
+        },
+    ):
+        t0 = time.perf_counter()
+        answer = httpx.post(gw.url + "/v1/chat/completions", json=body, timeout=60)
+        assert answer.status_code == 400, answer.text[:300]
+        assert time.perf_counter() - t0 < 10  # generous on a loaded machine; seconds to minutes before
+    # the duplicate check is linear: 256 tools with one name twice
+    tools = [*many_tools[:255], many_tools[0]]
+    answer = httpx.post(
+        gw.url + "/v1/chat/completions",
+        json={"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": tools},
+        timeout=60,
+    )
+    assert answer.status_code == 400 and "unique" in answer.text
+
+
 # -- background ---------------------------------------------------------------------------------
 
 
@@ -286,6 +352,79 @@ def test_workers_relay_a_background_response_to_the_worker_that_runs_it(
         with httpx.Client() as fresh:
             assert fresh.post(f"{gw.url}/v1/responses/{started['id']}/cancel").json()["status"] == "cancelled"
         upstream.wait_for_disconnect(upstream.requests("/v1/chat/completions")[-1], timeout=10)
+
+
+def _worker_pid(gw: GatewayProcess, index: int) -> int:
+    """The pid of the worker listening on its peers' socket ``worker-<index>.sock``."""
+    import psutil
+
+    for child in psutil.Process(gw.pid).children(recursive=True):
+        for conn in child.net_connections(kind="unix"):
+            if str(conn.laddr).endswith(f"worker-{index}.sock"):
+                return int(child.pid)
+    raise AssertionError(f"no process listens on worker-{index}.sock")
+
+
+def test_workers_agree_on_reads_and_readers_of_a_dead_owner_get_an_error_event(
+    upstream: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    """#48: the relay and the owner parse a read's query with one parser (a negative or a
+    non-ASCII ``starting_after`` is a 400 on every worker, never an index from the end); a burst
+    of reads is never a 404; a relayed reader of an owner that is killed gets an ``error``
+    event, never a clean end."""
+    import asyncio
+    import contextlib
+    import os
+    import signal
+
+    upstream.behavior.token_delay = 0.05
+    args = ["-p", "openai-compatible", "-u", upstream.base_url, "-m", "fake-model", "--name", "m", "--workers", "2"]
+    with GatewayProcess.launch(args, log_path=tmp_path / "gw.log") as gw:
+        started = httpx.post(
+            gw.url + "/v1/responses",
+            json={"model": "m", "input": "x", "max_output_tokens": 100_000, "background": True},
+        ).json()
+        url = f"{gw.url}/v1/responses/{started['id']}"
+        for bad in ["-5", "-1000000", "\u0663", " 3", "1_0", "3.0", "x"]:
+            for _ in range(6):  # fresh connections: both workers answer
+                with httpx.Client() as fresh:
+                    answer = fresh.get(url, params={"stream": "true", "starting_after": bad})
+                assert answer.status_code == 400, (bad, answer.status_code, answer.text[:200])
+        for _ in range(6):
+            with httpx.Client() as fresh:
+                assert fresh.get(url, params={"stream": "yes"}).status_code == 400
+
+        async def burst(n: int) -> list[int]:
+            limits = httpx.Limits(max_connections=n, max_keepalive_connections=0)
+            async with httpx.AsyncClient(limits=limits, timeout=60) as client:
+                answers = await asyncio.gather(*(client.get(url) for _ in range(n)))
+            return [a.status_code for a in answers]
+
+        statuses = asyncio.run(burst(300))
+        assert set(statuses) == {200}, {s: statuses.count(s) for s in set(statuses)}
+
+        owner = int(started["id"].split("_")[1][1:])
+        with contextlib.ExitStack() as stack:
+            for _ in range(60):  # until a reader lands on the other worker
+                reading = contextlib.ExitStack()
+                client = reading.enter_context(httpx.Client(timeout=30))
+                params = {"stream": "true", "starting_after": 0}
+                reader = reading.enter_context(client.stream("GET", url, params=params))
+                if reader.headers.get("x-abstract-client-relayed-from"):
+                    stack.push(reading.pop_all())
+                    break
+                reading.close()
+            else:
+                pytest.fail("no read was relayed in 60 fresh connections")
+            events = events_of(reader.iter_lines())
+            assert next(events)["sequence_number"] == 1
+            os.kill(_worker_pid(gw, owner), signal.SIGKILL)
+            rest = list(events)
+        assert rest and rest[-1]["type"] == "error" and rest[-1]["code"] == "owner_lost", rest[-3:]
+        with httpx.Client() as fresh:  # an owner that cannot be reached is not "no such response"
+            gone = fresh.get(url)
+        assert gone.status_code == 503 and gone.headers.get("retry-after"), gone.text
+        assert gone.json()["error"]["code"] == "owner_unreachable"
 
 
 def test_the_remote_lane_speaks_the_gateways_responses_wire(upstream: FakeOpenAIServer, gw: InProcessGateway) -> None:

@@ -154,6 +154,32 @@ def test_a_socks_proxy_is_refused_at_create_llm(monkeypatch: pytest.MonkeyPatch)
 # -- through a real proxy --------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    "proxy",
+    [
+        "user:S3cret-pw@127.0.0.1:3128",  # no scheme
+        "http://user:S3c/ret-pw@127.0.0.1:3128",  # a "/" in the password: httpx reads a port
+        "http://user:S3c#ret-pw@127.0.0.1:3128",
+        "http://user:S3cret-pw@127.0.0.1:99999",  # a port no socket can have
+    ],
+)
+def test_a_bad_proxy_url_is_refused_at_create_llm_without_its_password(proxy: str) -> None:
+    """#48: each was accepted, or refused with the password in the message; port 99999 failed
+    every call later as an OverflowError inside an ExceptionGroup."""
+    with pytest.raises(ValueError) as info:
+        create_llm("openai-compatible", "m", base_url="http://127.0.0.1:9/v1", proxy=proxy)
+    assert "S3c" not in str(info.value) and "ret-pw" not in str(info.value), str(info.value)
+    assert "proxy=" in str(info.value)
+
+
+def test_network_settings_never_show_a_proxy_password() -> None:
+    settings = NetworkSettings(proxy="http://user:S3cret-pw@127.0.0.1:3128")
+    network = resolve_network("http://127.0.0.1:9", settings)
+    assert network.proxy_headers[0][0] == b"Proxy-Authorization"  # still sent to the proxy
+    for text in (repr(settings), repr(network), str(settings), str(network)):
+        assert "S3cret" not in text and "Basic" not in text and "dXNlcjpTM2NyZXQtcHc" not in text, text
+
+
 @pytest.mark.parametrize("via", ["proxy=", "HTTP_PROXY"])
 def test_http_goes_through_the_proxy(
     via: str, proxy: Tinyproxy, upstream: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch

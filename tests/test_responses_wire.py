@@ -26,7 +26,7 @@ from abstract_client.testing import FakeOpenAIServer, FakeServer
 from abstract_client.testing._server import Conn, Handler, RequestRecord
 
 from .conftest import LANES
-from .helpers import WEATHER_TOOL, wait_until
+from .helpers import WEATHER_TOOL, press_when, wait_until
 
 SERVER_SEES_EOF_S = 2.0  # generous: a shared 2-core machine
 
@@ -178,12 +178,11 @@ def test_a_stop_of_a_whole_answer_is_the_stop(fake: tuple[str, FakeServer], rllm
     server = _server(fake)
     server.behavior.prefill_delay = 30  # the server is "processing the prompt"
     event = threading.Event()
-    timer = threading.Timer(0.2, event.set)
-    timer.start()
+    press = press_when(lambda: server.requests("/v1/responses"), event.set)  # the server holds it
     with pytest.raises(GenerationCancelledError):
         rllm.generate("x", cancel_event=event, plain_wire=True)
     server.wait_for_disconnect(server.requests("/v1/responses")[-1])
-    timer.join()
+    press.wait()
 
 
 @pytest.mark.parametrize(
@@ -335,3 +334,108 @@ async def _enumerate(items: Any) -> Any:
     async for item in items:
         yield n, item
         n += 1
+
+
+# -- a resume that can only continue (#48) ------------------------------------------------------
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+class _ReplayingServer:
+    """A raw-socket Responses server for a background stream: the first connection sends the
+    first events and drops; a resumed GET then does what a faulty server or proxy does
+    (``mode``): ignore ``starting_after`` and replay from the start, send one event twice, or
+    number no event at all."""
+
+    def __init__(self, mode: str) -> None:
+        import socket
+
+        self.mode = mode
+        self.gets: list[str] = []
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _event(self, n: int, kind: str, **fields: Any) -> bytes:
+        event: dict[str, Any] = {"type": kind, **fields}
+        if self.mode != "unnumbered":
+            event["sequence_number"] = n
+        return f"event: {kind}\ndata: {json.dumps(event)}\n\n".encode()
+
+    def _events(self) -> list[bytes]:
+        created = self._event(0, "response.created", response={"id": "resp_1", "status": "in_progress"})
+        words = [self._event(i, "response.output_text.delta", delta=f"w{i} ") for i in range(1, 7)]
+        done = self._event(
+            7, "response.completed", response={"id": "resp_1", "status": "completed", "output": [], "usage": None}
+        )
+        return [created, *words, done]
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            with conn:
+                head = b""
+                while b"\r\n\r\n" not in head:
+                    part = conn.recv(65536)
+                    if not part:
+                        break
+                    head += part
+                line = head.split(b"\r\n", 1)[0].decode()
+                length = next(
+                    (int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")), 0
+                )
+                body = head.split(b"\r\n\r\n", 1)[1]
+                while len(body) < length:
+                    body += conn.recv(65536)
+                start = (
+                    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                    b"transfer-encoding: chunked\r\nconnection: close\r\n\r\n"
+                )
+                events = self._events()
+                if line.startswith("POST"):  # created, w1, w2, w3: then a cut inside the body
+                    conn.sendall(start + _chunk(b"".join(events[:4])))
+                    continue
+                self.gets.append(line)
+                if self.mode == "sends_one_twice":
+                    sent = [events[4], *events[4:]]
+                else:  # ignores starting_after (or numbers nothing): the whole stream again
+                    sent = events
+                conn.sendall(start + _chunk(b"".join(sent)) + b"0\r\n\r\n")
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+@pytest.mark.parametrize("mode", ["ignores_starting_after", "sends_one_twice"])
+def test_a_resume_never_hands_out_an_event_twice(mode: str) -> None:
+    server = _ReplayingServer(mode)
+    try:
+        with create_llm(
+            "openai-compatible", "m", base_url=f"http://127.0.0.1:{server.port}/v1", wire="responses", max_retries=0
+        ) as llm:
+            text = "".join(c.delta for c in llm.stream("x", resumable=True, resume_timeout=10))
+        assert text == "w1 w2 w3 w4 w5 w6 ", text
+        assert server.gets and "starting_after=3" in server.gets[0]
+    finally:
+        server.close()
+
+
+def test_a_stream_whose_events_carry_no_number_is_not_resumed_but_a_typed_error() -> None:
+    server = _ReplayingServer("unnumbered")
+    try:
+        with create_llm(
+            "openai-compatible", "m", base_url=f"http://127.0.0.1:{server.port}/v1", wire="responses", max_retries=0
+        ) as llm:
+            with pytest.raises(TransportError) as info:
+                for _ in llm.stream("x", resumable=True, resume_timeout=10):
+                    pass
+        assert info.value.partial_text == "w1 w2 w3 "  # what came is kept, nothing replayed
+        assert "sequence_number" in str(info.value)
+        assert server.gets == []  # never asked: it would have replayed
+    finally:
+        server.close()

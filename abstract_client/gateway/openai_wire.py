@@ -65,10 +65,13 @@ def generation_args(body: Any, *, chat: bool) -> tuple[dict[str, Any], bool, boo
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise BadRequest("messages must be a non-empty list")
+        if len(messages) > MAX_MESSAGES:
+            raise BadRequest(f"a request holds at most {MAX_MESSAGES} messages, not {len(messages)}")
         kwargs["messages"] = messages
         for key in ("tools", "tool_choice", "response_format"):
             if body.get(key) is not None:
                 kwargs[key] = body[key]
+        _check_sizes(kwargs.get("tools"), kwargs.get("response_format"))
         effort = body.get("reasoning_effort")
         if effort is not None and effort not in (*_EFFORT, "none", "minimal"):
             raise BadRequest(f"reasoning_effort must be none, minimal, low, medium or high, not {str(effort)[:40]!r}")
@@ -123,6 +126,22 @@ def generation_args(body: Any, *, chat: bool) -> tuple[dict[str, Any], bool, boo
 
 
 _INTEGERS = ("max_tokens", "seed", "top_k", "min_tokens")
+
+
+# Bounds that keep one request's checks short on the event loop (#48: 100k tools, each checked
+# as a JSON schema, held a worker's loop for minutes; 1M messages for 7 s). OpenAI's own API
+# takes 128 tools; a long agent conversation is hundreds of messages.
+MAX_MESSAGES = 10_000
+MAX_TOOLS = 256
+MAX_SCHEMA_BYTES = 1024 * 1024  # all tools' definitions, and a response_format's schema
+
+
+def _check_sizes(tools: Any, response_format: Any) -> None:
+    if isinstance(tools, list) and len(tools) > MAX_TOOLS:
+        raise BadRequest(f"a request holds at most {MAX_TOOLS} tools, not {len(tools)}")
+    for what, value in (("tools", tools), ("response_format", response_format)):
+        if value is not None and len(json.dumps(value, default=str)) > MAX_SCHEMA_BYTES:
+            raise BadRequest(f"{what} is larger than {MAX_SCHEMA_BYTES} bytes of JSON")
 
 
 def model_field(body: dict[str, Any]) -> str | None:

@@ -90,7 +90,7 @@ class Background:
     async def follow(self, after: int | None) -> AsyncIterator[bytes]:
         """The events after sequence number ``after`` (all of them for None), then the live ones
         until the last."""
-        index = 0 if after is None else after + 1
+        index = 0 if after is None else max(0, after + 1)  # never from the end of the list
         while True:
             changed = self._changed
             while index < len(self.events):
@@ -133,7 +133,12 @@ class BackgroundStore:
         if len(words) != 6 or words[0] not in ("get", "cancel"):
             writer.write(b"400 json\n")
             return
-        action, response_id, owner, admin, stream, after = words
+        action, response_id, owner, admin, stream_word, after_word = words
+        try:
+            stream, after = read_query(stream_word, None if after_word == "-" else after_word)
+        except BadRequest:
+            writer.write(b"400 json\n")
+            return
         record = self.get(response_id, None if owner == "-" else owner, admin == "1")
         if record is None:
             body = openai_error("no such background response", "invalid_request_error", "not_found")
@@ -141,11 +146,13 @@ class BackgroundStore:
             return
         if action == "cancel":
             await _cancelled(record)
-        elif stream.lower() in ("true", "1"):
+        elif stream:
             writer.write(b"200 sse\n")
-            async for event in record.follow(None if after == "-" else int(after)):
+            async for event in record.follow(after):
                 writer.write(event)
                 await writer.drain()  # a relaying worker whose reader left: OSError ends this
+            writer.write(_RELAY_END)  # a close without it is an owner that died
+            await writer.drain()
             return
         writer.write(b"200 json\n" + json.dumps(record.builder.response()).encode())
         await writer.drain()
@@ -270,6 +277,10 @@ def _start_background(
     model: str,
     stream: bool,
 ) -> Response:
+    try:  # the checks a foreground request meets in its call, met here before the 200 (#48)
+        backend.llm.check_call(**kwargs)
+    except (TypeError, ValueError) as err:
+        return error_response(err)
     store = gateway.background
     if not store.room():
         message = f"this gateway holds {gateway.config.max_background} background responses (max_background)"
@@ -345,24 +356,62 @@ def _lookup(request: Request) -> tuple[Gateway, Background | None, str]:
     return gateway, gateway.background.get(response_id, state.get("owner"), bool(state.get("admin"))), response_id
 
 
+# Ends a relayed event stream that the owner finished (SSE text never holds a NUL byte).
+_RELAY_END = b"\0"
+_OWNER_LOST = encode_event(
+    {
+        "type": "error",
+        "code": "owner_lost",
+        "message": "the worker that ran this response went away before it ended",
+        "param": None,
+    }
+)
+
+
+async def _until_owner_ends(body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """A relayed event stream, passed on as it comes, less the owner's end mark; one that closes
+    without it (the owner was killed) ends with an ``error`` event, never a clean end."""
+    held = b""
+    async for part in body:
+        data = held + part
+        held = data[-1:] if data.endswith(_RELAY_END) else b""
+        out = data[:-1] if held else data
+        if out:
+            yield out
+    if held != _RELAY_END:
+        yield _OWNER_LOST
+
+
+_STREAM_WORDS = {"true": True, "1": True, "false": False, "0": False}
+_AFTER = re.compile(r"-1|0|[1-9][0-9]{0,17}")  # ASCII digits only: int() takes "٣", " 3", "1_0"
+
+
+def read_query(stream: str | None, starting_after: str | None) -> tuple[bool, int | None]:
+    """``?stream=&starting_after=`` of a background response's GET, parsed once for the route,
+    the relaying worker and the owning one (they disagreed: the relay refused what the owner
+    took, and a negative number reached the owner's event list)."""
+    word = "false" if stream is None else stream.lower()
+    if word not in _STREAM_WORDS:
+        raise BadRequest("stream must be true or false")
+    if starting_after is None:
+        return _STREAM_WORDS[word], None
+    if not _AFTER.fullmatch(starting_after):
+        raise BadRequest(f"starting_after must be an integer >= -1, not {starting_after!r:.40}")
+    return _STREAM_WORDS[word], int(starting_after)
+
+
 async def get_response(request: Request) -> Response:
     gateway, record, response_id = _lookup(request)
     if record is None:
         relayed = await _relay(gateway, request, response_id)
         return relayed if relayed is not None else _not_found()
-    stream = request.query_params.get("stream", "false").lower()
-    if stream not in ("true", "false", "1", "0"):
-        return error_response(BadRequest("stream must be true or false"))
-    if stream in ("false", "0"):
-        return JSONResponse(record.builder.response())
-    after = request.query_params.get("starting_after")
     try:
-        after_n = None if after is None else int(after)
-    except ValueError:
-        return error_response(BadRequest(f"starting_after must be an integer, not {after!r:.40}"))
-    if after_n is not None and after_n < -1:
-        return error_response(BadRequest("starting_after must be >= -1"))
-    return _event_stream(record, after_n)
+        stream, after = read_query(request.query_params.get("stream"), request.query_params.get("starting_after"))
+    except BadRequest as exc:
+        return error_response(exc)
+    if not stream:
+        return JSONResponse(record.builder.response())
+    return _event_stream(record, after)
 
 
 async def cancel_response(request: Request) -> Response:
@@ -394,17 +443,26 @@ async def _relay(gateway: Gateway, request: Request, response_id: str) -> Respon
         return None
     state = request.scope["state"]
     action = "cancel" if request.url.path.endswith("/cancel") else "get"
-    stream = request.query_params.get("stream", "false")
-    after = request.query_params.get("starting_after", "-")
-    if not re.fullmatch(r"-?\d+|-", after) or not re.fullmatch(r"[A-Za-z0-9]+", stream):
-        return error_response(BadRequest("starting_after must be an integer and stream true or false"))
+    try:  # the same parser as the owner's: what one refuses, the other refuses
+        stream, after = read_query(request.query_params.get("stream"), request.query_params.get("starting_after"))
+    except BadRequest as exc:
+        return error_response(exc)
     owner, admin = state.get("owner") or "-", "1" if state.get("admin") else "0"
-    line = f"response {action} {response_id} {owner} {admin} {stream} {after}"
+    line = f"response {action} {response_id} {owner} {admin} {str(stream).lower()} {'-' if after is None else after}"
     answer = await relay(peers.path(int(match.group(1))), line)
-    if answer is None:
-        return None
+    if answer is None:  # the owner did not answer: not "no such response", a retryable 503
+        unreachable = openai_error(
+            "the worker that holds this response did not answer", "unavailable_error", "owner_unreachable"
+        )
+        return JSONResponse(unreachable, status_code=503, headers={"retry-after": "1"})
     status, kind, body = answer
+    relayed = {"x-abstract-client-relayed-from": f"worker {match.group(1)}"}  # for whoever debugs a fleet
     if kind == "sse":
-        return StreamingResponse(body, status_code=status, media_type="text/event-stream", headers=SSE_HEADERS)
+        return StreamingResponse(
+            _until_owner_ends(body),
+            status_code=status,
+            media_type="text/event-stream",
+            headers={**SSE_HEADERS, **relayed},
+        )
     data = b"".join([part async for part in body])
-    return Response(data, status_code=status, media_type="application/json")
+    return Response(data, status_code=status, media_type="application/json", headers=relayed)

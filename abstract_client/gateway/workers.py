@@ -68,7 +68,10 @@ class Peers:
             finally:
                 writer.close()
 
-        self._server = await asyncio.start_unix_server(answer, path=self.path(self.index))
+        # Every reader of a response another worker holds is one connection here: asyncio's
+        # default backlog (100) refused a burst of 400 relayed GETs. The kernel caps it at
+        # net.core.somaxconn.
+        self._server = await asyncio.start_unix_server(answer, path=self.path(self.index), backlog=_RELAY_BACKLOG)
 
     async def aclose(self) -> None:
         if self._server is not None:
@@ -123,6 +126,7 @@ async def relay(path: str, line: str) -> tuple[int, str, AsyncIterator[bytes]] |
 
 # a relayed cancel answers once the engine stopped (it waits up to 10 s): more than that
 _RELAY_TIMEOUT = 15.0
+_RELAY_BACKLOG = 4096
 
 
 def _handle(gateway: Any, words: list[str]) -> bool:

@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import ssl
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -47,6 +48,12 @@ class NetworkSettings:
     verify: VerifyTypes = True
     cert: CertTypes | None = None
 
+    def __repr__(self) -> str:  # a proxy URL's password never reaches a log or a traceback
+        proxy = self.proxy
+        shown = redact_text(str(proxy.url if isinstance(proxy, httpx.Proxy) else proxy)) if proxy else None
+        cert = self.cert[:2] if isinstance(self.cert, tuple) else self.cert  # a key's password: never
+        return f"NetworkSettings(proxy={shown!r}, trust_env={self.trust_env!r}, verify={self.verify!r}, cert={cert!r})"
+
 
 @dataclass(frozen=True)
 class Network:
@@ -55,7 +62,10 @@ class Network:
     proxy: httpx.Proxy | None  # the proxy this base URL goes through, or None (direct)
     ssl_context: ssl.SSLContext | None  # for an https base URL (None for http: never used)
     proxy_ssl_context: ssl.SSLContext | None  # for an https proxy
-    proxy_headers: tuple[tuple[bytes, bytes], ...] = ()  # sent to the proxy: its credentials first
+    proxy_headers: tuple[tuple[bytes, bytes], ...] = field(default=(), repr=False)  # its credentials first
+
+    def __repr__(self) -> str:
+        return f"Network(proxy={self.proxy_label or None!r}, tls={self.ssl_context is not None})"
 
     @property
     def proxy_label(self) -> str:
@@ -95,8 +105,27 @@ def _proxy_headers(proxy: httpx.Proxy) -> tuple[tuple[bytes, bytes], ...]:
 
 def redact_url(url: httpx.URL | str) -> str:
     """``url`` without its user name and password."""
-    parsed = httpx.URL(str(url))
-    return str(parsed.copy_with(username=None, password=None)) if parsed.userinfo else str(parsed)
+    try:
+        parsed = httpx.URL(str(url))
+    except (ValueError, httpx.InvalidURL):
+        return redact_text(str(url))
+    if parsed.userinfo:
+        return str(parsed.copy_with(username=None, password=None))
+    return redact_text(str(parsed))  # a password with "/" or "#" is not userinfo to a URL parser
+
+
+_USERINFO = re.compile(r"^((?:[A-Za-z][A-Za-z0-9+.-]*:)?//)?[^@]*@")
+
+
+def redact_text(value: str) -> str:
+    """A proxy or base URL as typed, with everything before its last ``@`` replaced: a password
+    may hold ``/``, ``#`` or ``:`` (which a URL parser reads as a path or a port), so this works
+    on the text, not on a parse."""
+    if "@" not in value:
+        return value
+    scheme = _USERINFO.match(value)
+    head = scheme.group(1) or "" if scheme else ""
+    return f"{head}***@{value.rpartition('@')[2]}"
 
 
 def _check_types(settings: NetworkSettings) -> None:
@@ -131,13 +160,25 @@ def _proxy_for(url: httpx.URL, settings: NetworkSettings) -> httpx.Proxy | None:
 
 
 def _proxy(value: str | httpx.URL, where: str) -> httpx.Proxy:
+    text = str(value)
+    shown = redact_text(text)
+    if isinstance(value, str) and "://" not in text:
+        raise ValueError(f"{where}: {shown!r} has no scheme (http://HOST:PORT or https://HOST:PORT)")
     try:
         return httpx.Proxy(value)
-    except ValueError as exc:  # a scheme httpx knows nothing of
-        raise ValueError(f"{where}: {redact_url(value) if '://' in str(value) else value!r}: {exc}") from None
+    except (ValueError, httpx.InvalidURL) as exc:  # a scheme httpx knows nothing of, a bad port
+        # httpx's message can hold the password (a "/" in it reads as the end of the port)
+        if "@" in text:
+            reason = f"{type(exc).__name__} (percent-encode '/', '#', '?' and '@' in a user name or password)"
+        else:
+            reason = str(exc)
+        raise ValueError(f"{where}: {shown!r} is not a usable proxy URL: {reason}") from None
 
 
 def _supported(proxy: httpx.Proxy, where: str) -> httpx.Proxy:
+    port = proxy.url.port
+    if port is not None and not 0 < port < 65536:
+        raise ValueError(f"{where}: {redact_url(proxy.url)} has port {port}, outside 1-65535")
     if proxy.url.scheme not in ("http", "https"):
         raise ValueError(
             f"{where}: {redact_url(proxy.url)} is a {proxy.url.scheme} proxy; abstract-client speaks to "

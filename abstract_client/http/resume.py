@@ -74,11 +74,15 @@ async def resumed_items(
     resume_timeout: float,
     token: StopToken,
     provider: str,
+    seen: Callable[[P, T], bool] | None = None,
 ) -> AsyncGenerator[T, None]:
     """What ``read`` takes from each connection of a stream, as one sequence: ``advance`` keeps
     the position of the last item handed out (a byte offset, an event's sequence number) and a
     drop reopens the stream there. ``read`` decides what a connection's items are: a decoder of
-    its own drops a frame the cut fell in (a resume by event number sends it again whole)."""
+    its own drops a frame the cut fell in (a resume by event number sends it again whole).
+    ``seen(position, item)``: an item at or before the position, dropped — a server (or a
+    proxy) that ignores the resume's position, or sends an event twice, never hands out text
+    twice."""
     position = start
     opening = first()
     dropped_at: float | None = None
@@ -97,6 +101,8 @@ async def resumed_items(
                 items = read(resp)
                 try:
                     async for item in items:
+                        if seen is not None and seen(position, item):
+                            continue
                         position = advance(position, item)
                         yield item
                 finally:

@@ -3,9 +3,11 @@
 Follows the WHATWG event-stream rules: lines end with CRLF, LF or CR (also split across chunks);
 ``:`` starts a comment (llama-server's keep-alive pings); ``data:`` lines join with ``\\n``; a
 blank line dispatches; a block with no data dispatches nothing; an unfinished block at end of
-input is dropped. Two deliberate strictnesses, because a token stream is never legitimately like
-this: invalid UTF-8 and a line longer than ``max_line_bytes`` raise ``ProviderProtocolError``.
-Nothing else can be raised, whatever the bytes (fuzzed with Hypothesis).
+input is dropped. Three deliberate strictnesses, because a token stream is never legitimately like
+this: invalid UTF-8, a line longer than ``max_line_bytes`` and an event whose data lines add up
+to more than ``max_event_bytes`` (300 ``data:`` lines of 1 MiB with no blank line held 300 MiB)
+raise ``ProviderProtocolError``. Nothing else can be raised, whatever the bytes (fuzzed with
+Hypothesis).
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ from typing import NamedTuple
 from ..errors import ProviderProtocolError
 from .holdback import HoldsBackErrors
 
-__all__ = ["DEFAULT_MAX_LINE_BYTES", "SSEDecoder", "SSEEvent"]
+__all__ = ["DEFAULT_MAX_EVENT_BYTES", "DEFAULT_MAX_LINE_BYTES", "SSEDecoder", "SSEEvent"]
 
 DEFAULT_MAX_LINE_BYTES = 4 * 1024 * 1024
+DEFAULT_MAX_EVENT_BYTES = 8 * 1024 * 1024
 _BOM = b"\xef\xbb\xbf"
 
 
@@ -36,8 +39,12 @@ class SSEDecoder(HoldsBackErrors[SSEEvent]):
     """``feed(chunk)`` returns the events ``chunk`` completes; bad bytes raise after the events
     before them (:class:`~.holdback.HoldsBackErrors`), at the next ``feed`` or at :meth:`end`."""
 
-    def __init__(self, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> None:
+    def __init__(
+        self, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES
+    ) -> None:
         self.max_line_bytes = max_line_bytes
+        self.max_event_bytes = max_event_bytes
+        self._data_chars = 0  # the characters of the block's data lines so far
         self._buf = bytearray()
         self._skip_lf = False  # the previous chunk ended with CR; a leading LF belongs to it
         self._bom_checked = False
@@ -114,6 +121,9 @@ class SSEDecoder(HoldsBackErrors[SSEEvent]):
         for line in lines:
             if line[:6] == "data: ":  # the line of a token stream, inlined
                 data.append(line[6:])
+                self._data_chars += len(line) - 6
+                if self._data_chars > self.max_event_bytes:
+                    self._too_large()
             elif line:
                 self._line(line)  # returns an event only for a blank line
             elif data:
@@ -127,6 +137,7 @@ class SSEDecoder(HoldsBackErrors[SSEEvent]):
         """End of input. A block without its blank line is incomplete and dropped (per spec)."""
         self._buf.clear()
         self._data.clear()
+        self._data_chars = 0
         self._event = ""
         return []
 
@@ -154,6 +165,9 @@ class SSEDecoder(HoldsBackErrors[SSEEvent]):
             value = value[1:]
         if name == "data":
             self._data.append(value)
+            self._data_chars += len(value)
+            if self._data_chars > self.max_event_bytes:
+                self._too_large()
         elif name == "event":
             self._event = value
         elif name == "id":
@@ -164,7 +178,13 @@ class SSEDecoder(HoldsBackErrors[SSEEvent]):
                 self._retry = int(value)
         return None
 
+    def _too_large(self) -> None:
+        self._data.clear()  # what it held is let go now, not when the caller gives up
+        self._data_chars = 0
+        raise ProviderProtocolError(f"SSE event larger than {self.max_event_bytes} bytes")
+
     def _dispatch(self) -> SSEEvent | None:
+        self._data_chars = 0
         if not self._data:
             self._event = ""
             return None

@@ -17,6 +17,7 @@ import inspect
 import json
 import types
 import typing
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -51,8 +52,8 @@ def normalize_tools(tools: Sequence[Any] | None) -> list[dict[str, Any]] | None:
     if isinstance(tools, (dict, str)) or callable(tools):
         raise TypeError("tools= takes a list of tool specs or functions")
     specs = [_tool_spec(t) for t in tools]
-    names = [spec["function"]["name"] for spec in specs]
-    duplicated = sorted({n for n in names if names.count(n) > 1})
+    names = Counter(spec["function"]["name"] for spec in specs)  # linear: count() per name was quadratic
+    duplicated = sorted(n for n, k in names.items() if k > 1)
     if duplicated:
         raise ValueError(f"tool names must be unique: {duplicated}")
     return specs
