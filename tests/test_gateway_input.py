@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -245,17 +247,68 @@ def test_an_integral_number_is_an_integer_as_the_schema_says(upstream: FakeOpenA
     assert sent["max_tokens"] == 2 and isinstance(sent["max_tokens"], int) and sent["seed"] == 7
 
 
-def test_a_client_that_leaves_before_the_answer_gets_a_499_and_no_error_is_logged(
-    upstream: FakeOpenAIServer, caplog: pytest.LogCaptureFixture
-) -> None:
+@contextlib.contextmanager
+def uvicorn_records() -> Iterator[list[logging.LogRecord]]:
+    """What uvicorn logs at WARNING and above. Its loggers do not propagate to the root logger,
+    where ``caplog`` listens: an assertion on ``caplog`` about uvicorn's lines could not fail."""
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    handler = Keep(logging.WARNING)
+    loggers = [logging.getLogger(name) for name in ("uvicorn", "uvicorn.error")]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        yield records
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
+
+
+def test_no_error_is_logged_for_a_client_that_leaves_mid_answer(upstream: FakeOpenAIServer) -> None:
+    """#48: a client closing its stream mid-answer (openai-python's ``close()``, ``curl
+    --max-time``), or giving up on a whole answer, logged ``ERROR: ASGI callable returned without
+    completing response`` beside the stop's INFO line: the disconnect thread saw the departure
+    before uvicorn did. A departure is normal; nothing at ERROR."""
+    upstream.behavior.token_delay = 0.02
+    body = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1000}
+    with gateway_of(upstream) as gw, uvicorn_records() as logged:
+        for _ in range(6):
+            with (
+                httpx.Client() as client,
+                client.stream("POST", gw.url + "/v1/chat/completions", json={**body, "stream": True}) as answer,
+            ):
+                for n, _line in enumerate(answer.iter_lines()):
+                    if n > 6:
+                        break
+        for _ in range(3):
+            before = len(upstream.requests())
+            with socket.create_connection(("127.0.0.1", gw.port), timeout=30) as sock:
+                raw = json.dumps(body)
+                sock.sendall(
+                    (
+                        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                        f"Content-Type: application/json\r\nContent-Length: {len(raw)}\r\n\r\n{raw}"
+                    ).encode()
+                )
+                upstream.wait_for_request(before + 1, timeout=30)
+        for record in upstream.requests("/v1/chat/completions"):
+            upstream.wait_for_disconnect(record, timeout=10)  # every one stopped
+        assert wait_until(lambda: not gw.gateway.flights, 10)
+    assert not logged, [r.getMessage() for r in logged]
+
+
+def test_a_client_that_leaves_before_the_answer_gets_a_499_and_no_error_is_logged(upstream: FakeOpenAIServer) -> None:
     """A non-streaming client that half-closes (``shutdown(SHUT_WR)``, as some proxies do) got a
     500 from uvicorn, and every client leaving before the response logged "ASGI callable
     returned without starting response" at ERROR. TCP cannot tell a half-close from a close
     until it is written to: it is a stop, answered as one."""
-    import logging
 
     upstream.behavior.token_delay = 0.05
-    with gateway_of(upstream) as gw, caplog.at_level(logging.WARNING):
+    with gateway_of(upstream) as gw, uvicorn_records() as logged:
         for n in range(3):
             with socket.create_connection(("127.0.0.1", gw.port), timeout=30) as sock:
                 sock.sendall(
@@ -274,7 +327,7 @@ def test_a_client_that_leaves_before_the_answer_gets_a_499_and_no_error_is_logge
                 while chunk := sock.recv(65536):
                     answer += chunk
             assert answer.startswith(b"HTTP/1.1 499"), answer[:200]
-    assert not [r for r in caplog.records if "without starting response" in r.getMessage()]
+    assert not [r for r in logged if "without starting response" in r.getMessage()]
     for record in upstream.requests("/v1/chat/completions"):
         upstream.wait_for_disconnect(record, timeout=10)  # each stopped upstream
 

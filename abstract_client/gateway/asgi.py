@@ -103,6 +103,10 @@ class GenerationResponse:
                             f"stopped: {flight.reason or 'client_disconnect'}", reason=reason
                         )
                         await send_json(send, *error_body(stop), [(b"connection", b"close")])
+                elif flight.reason in ("client_disconnect", "client_stalled"):
+                    client_left = state.get("client_left")  # the gateway's protocol: no ERROR line
+                    if client_left is not None:
+                        client_left()
                 flight.finished = True
                 if watching is not None:
                     watching.unwatch(watched)

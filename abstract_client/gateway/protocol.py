@@ -54,10 +54,23 @@ class GatewayProtocol(H11Protocol):
         if self.cycle is not None and self.cycle is not self._head_cycle:  # a head arrived
             self._head_cycle = self.cycle
             # the app hands it to the disconnect thread (disconnects.py) while a request runs
-            self.cycle.scope.setdefault("state", {})["client_socket"] = client_socket(self.transport)
+            state = self.cycle.scope.setdefault("state", {})
+            state["client_socket"] = client_socket(self.transport)
+            state["client_left"] = self._client_left
             if self._head_timer is not None:
                 self._head_timer.cancel()
                 self._head_timer = None
+
+    def _client_left(self) -> None:
+        """The app ends a request whose client left (or stalled past the write timeout) before
+        its answer was complete: close the connection as uvicorn would, and mark the request's
+        cycle disconnected. The disconnect thread sees a departure before the loop's
+        ``connection_lost`` does, so without this uvicorn took the app's return for an app that
+        forgot to finish its response and logged an ERROR for a client that merely left."""
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            cycle.disconnected = True
+            self.transport.close()
 
     def eof_received(self) -> bool:  # type: ignore[override]
         """The client shut its sending side (``shutdown(SHUT_WR)``; some proxies do, after the
