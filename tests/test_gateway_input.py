@@ -321,7 +321,7 @@ def test_a_client_that_leaves_before_the_answer_gets_a_499_and_no_error_is_logge
                 # the EOF at once (with uvicorn's default, a close before any answer), whatever
                 # the machine's load. A half-close sent with the request raced the disconnect
                 # thread's 499 against that read, and a closing protocol could pass.
-                upstream.wait_for_request(n + 1, timeout=30)
+                upstream.wait_for_request(n + 1, timeout=30, path="/v1/chat/completions")
                 sock.shutdown(socket.SHUT_WR)
                 answer = b""
                 while chunk := sock.recv(65536):
@@ -330,6 +330,34 @@ def test_a_client_that_leaves_before_the_answer_gets_a_499_and_no_error_is_logge
     assert not [r for r in logged if "without starting response" in r.getMessage()]
     for record in upstream.requests("/v1/chat/completions"):
         upstream.wait_for_disconnect(record, timeout=10)  # each stopped upstream
+
+
+def test_a_half_close_stops_the_request_on_the_loop_without_the_disconnect_thread(
+    upstream: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop's own path for a half-close (the protocol's ``eof_received``), as
+    ``connection_lost`` is for a close: with the disconnect thread away, a half-closed client
+    still gets the stop, not its whole answer."""
+    from abstract_client.gateway import disconnects
+
+    monkeypatch.setattr(disconnects, "watcher", lambda: None)
+    upstream.behavior.token_delay = 0.05
+    body = BODY.replace("2}", "400}")
+    with gateway_of(upstream) as gw, socket.create_connection(("127.0.0.1", gw.port), timeout=30) as sock:
+        sock.sendall(
+            (
+                "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n{body}"
+            ).encode()
+        )
+        record = upstream.wait_for_request(1, timeout=30, path="/v1/chat/completions")
+        sock.shutdown(socket.SHUT_WR)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 499"), answer[:200]
+        upstream.wait_for_disconnect(record, timeout=10)
+        assert record.tokens_sent < 400
 
 
 def test_a_request_queued_at_shutdown_says_shutdown(upstream: FakeOpenAIServer, tmp_path: Path) -> None:

@@ -302,6 +302,69 @@ def test_background_responses_are_bounded_in_count_time_and_bytes(upstream: Fake
 # -- this library's own Responses lane, through the gateway ------------------------------------
 
 
+def _cut_by(port: int, socks: list[Any]) -> int:
+    """How many of ``socks`` the server on ``port`` has closed, seen from its side without reading
+    (our end cannot tell: its FIN waits behind the megabytes still queued to us)."""
+    import psutil
+
+    ours = {s.getsockname()[1] for s in socks}
+    open_ = {
+        c.raddr.port
+        for c in psutil.net_connections(kind="tcp")
+        if c.laddr and c.laddr.port == port and c.raddr and c.status == psutil.CONN_ESTABLISHED
+    }
+    return len(ours - open_)
+
+
+def test_a_reader_that_stops_reading_is_cut_after_the_write_timeout(upstream: FakeOpenAIServer) -> None:
+    """#48: background readers had no write timeout: a reader whose TCP window stayed shut
+    held its response's events after the store had dropped it (16 stalled readers: RSS +200 MiB
+    and growing). Directly and through the relay, a stalled reader is now cut."""
+    import socket
+
+    upstream.behavior.token_delay = 0.002
+    # 1 KB tokens: the kernel's send buffer (up to 4 MB on loopback) fills in seconds, not minutes
+    upstream.behavior.answer = ("x" * 1000 + " ") * 200_000
+    backend = BackendConfig(name="m", provider="openai-compatible", model="fake-model", base_url=upstream.base_url)
+    config = GatewayConfig(backends=[backend], write_timeout=1.0, background_max_bytes=1 << 30)
+    with InProcessGateway(config) as gw:
+        started = httpx.post(
+            gw.url + "/v1/responses",
+            json={"model": "m", "input": "x", "max_output_tokens": 1_000_000, "background": True},
+        ).json()
+        readers = []
+        for _ in range(3):
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a window that fills at once
+            sock.connect(("127.0.0.1", gw.port))
+            sock.sendall(
+                f"GET /v1/responses/{started['id']}?stream=true HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode()
+            )
+            readers.append(sock)  # ... and never read
+        # the response generates on and fills the readers' windows; each is cut once a write
+        # waited past 1 s (read nothing until then: reading would open the window)
+        assert wait_until(lambda: _cut_by(gw.port, readers) == len(readers), 60), "a reader was never cut"
+        deadline = time.monotonic() + 60
+        for sock in readers:
+            sock.settimeout(5)
+            ended = False
+            while time.monotonic() < deadline:
+                try:
+                    if not sock.recv(1 << 20):  # what was buffered, then the gateway's close
+                        ended = True
+                        break
+                except TimeoutError:
+                    break
+                except ConnectionResetError:
+                    ended = True
+                    break
+            sock.close()
+            assert ended, "a reader that read nothing was never cut"
+        status = httpx.get(f"{gw.url}/v1/responses/{started['id']}").json()["status"]
+        assert status == "in_progress"  # readers are cut, never the response
+        assert httpx.post(f"{gw.url}/v1/responses/{started['id']}/cancel").json()["status"] == "cancelled"
+
+
 def test_the_librarys_resumable_stream_through_the_gateway_survives_cuts_and_stops_by_cancel(
     upstream: FakeOpenAIServer, gw: InProcessGateway
 ) -> None:

@@ -63,20 +63,30 @@ class GatewayProtocol(H11Protocol):
 
     def _client_left(self) -> None:
         """The app ends a request whose client left (or stalled past the write timeout) before
-        its answer was complete: close the connection as uvicorn would, and mark the request's
+        its answer was complete: close the connection at once, and mark the request's
         cycle disconnected. The disconnect thread sees a departure before the loop's
         ``connection_lost`` does, so without this uvicorn took the app's return for an app that
         forgot to finish its response and logged an ERROR for a client that merely left."""
         cycle = self.cycle
         if cycle is not None and not cycle.response_complete:
             cycle.disconnected = True
-            self.transport.close()
+            # abort, not close: close() waits to flush what is buffered, and a stalled reader's
+            # buffer never drains (its connection stayed open, the buffer held, for ever)
+            self.transport.abort()
 
     def eof_received(self) -> bool:  # type: ignore[override]
         """The client shut its sending side (``shutdown(SHUT_WR)``; some proxies do, after the
         request): keep ours open, so the request's answer — a stop, since TCP cannot tell this
         from a close before it is written to — can still be sent (uvicorn's default closes the
-        transport, and the client got nothing, or a 500)."""
+        transport, and the client got nothing, or a 500). A request in flight is stopped here
+        too: the disconnect thread's ``EPOLLRDHUP`` usually acts first, and this is the loop's own
+        path for a half-close, as ``connection_lost`` is for a close (once, under a loaded
+        suite, neither saw it and a half-closed client got its whole answer)."""
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            flight = (cycle.scope.get("state") or {}).get("flight")
+            if flight is not None:
+                flight.stop("client_disconnect")
         return True
 
     def connection_lost(self, exc: Exception | None) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 
 import anyio
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.types import Send
 
 from ..errors import GenerationCancelledError
@@ -40,6 +40,7 @@ from .asgi import GenerationResponse
 from .body import error_response, no_backend, read_json, request_id_of
 from .generation import stream_answer, whole_answer
 from .openai_wire import BadRequest, error_body, generation_args, openai_error
+from .reader_stream import ReaderStream
 from .request_ids import scoped
 from .responses_wire import ResponseBuilder, chat_body_of, encode_event, new_response_id
 from .state import Backend, Flight, Gateway
@@ -276,7 +277,7 @@ def _start_background(
     kwargs: dict[str, Any],
     model: str,
     stream: bool,
-) -> Response:
+) -> Response | ReaderStream:
     try:  # the checks a foreground request meets in its call, met here before the 200 (#48)
         backend.llm.check_call(**kwargs)
     except (TypeError, ValueError) as err:
@@ -293,13 +294,14 @@ def _start_background(
     record = Background(builder, flight, owner)
     store.start(record, kwargs)
     if stream:
-        return _event_stream(record, None)
+        return _event_stream(gateway, record, None)
     return JSONResponse(builder.response())
 
 
-def _event_stream(record: Background, after: int | None) -> StreamingResponse:
-    """A reader of a background response: its disconnect ends the reading, never the response."""
-    return StreamingResponse(record.follow(after), media_type="text/event-stream", headers=SSE_HEADERS)
+def _event_stream(gateway: Gateway, record: Background, after: int | None) -> ReaderStream:
+    """A reader of a background response: its disconnect ends the reading, never the response;
+    a reader that stops reading is cut after the write timeout (``reader_stream``)."""
+    return ReaderStream(record.follow(after), write_timeout=gateway.config.write_timeout, headers=SSE_HEADERS)
 
 
 async def _foreground_whole(
@@ -400,7 +402,7 @@ def read_query(stream: str | None, starting_after: str | None) -> tuple[bool, in
     return _STREAM_WORDS[word], int(starting_after)
 
 
-async def get_response(request: Request) -> Response:
+async def get_response(request: Request) -> Response | ReaderStream:
     gateway, record, response_id = _lookup(request)
     if record is None:
         relayed = await _relay(gateway, request, response_id)
@@ -411,10 +413,10 @@ async def get_response(request: Request) -> Response:
         return error_response(exc)
     if not stream:
         return JSONResponse(record.builder.response())
-    return _event_stream(record, after)
+    return _event_stream(gateway, record, after)
 
 
-async def cancel_response(request: Request) -> Response:
+async def cancel_response(request: Request) -> Response | ReaderStream:
     gateway, record, response_id = _lookup(request)
     if record is None:
         relayed = await _relay(gateway, request, response_id)
@@ -434,7 +436,7 @@ async def _cancelled(record: Background) -> None:
             pass
 
 
-async def _relay(gateway: Gateway, request: Request, response_id: str) -> Response | None:
+async def _relay(gateway: Gateway, request: Request, response_id: str) -> Response | ReaderStream | None:
     """A response another worker holds (its id names it): the request is relayed to that
     worker, which checks the caller's key as it would locally, and its answer streamed back."""
     match = RESPONSE_ID.match(response_id)
@@ -458,10 +460,10 @@ async def _relay(gateway: Gateway, request: Request, response_id: str) -> Respon
     status, kind, body = answer
     relayed = {"x-abstract-client-relayed-from": f"worker {match.group(1)}"}  # for whoever debugs a fleet
     if kind == "sse":
-        return StreamingResponse(
+        return ReaderStream(
             _until_owner_ends(body),
+            write_timeout=gateway.config.write_timeout,
             status_code=status,
-            media_type="text/event-stream",
             headers={**SSE_HEADERS, **relayed},
         )
     data = b"".join([part async for part in body])
