@@ -204,6 +204,7 @@ class ResponseEvents:
         self.finished = False
         self._calls: dict[Any, int] = {}  # output_index (or the item's id) → tool-call index
         self._arguments: dict[int, str] = {}  # tool-call index → the arguments text handed out
+        self._text_seen = False  # a text delta was handed out
 
     def chunks(self, event: Any) -> list[StreamChunk]:
         if not isinstance(event, dict):
@@ -213,6 +214,7 @@ class ResponseEvents:
             self.last_sequence = sequence
         kind = event.get("type")
         if kind == "response.output_text.delta":
+            self._text_seen = True
             return [StreamChunk(delta=str(event.get("delta", "")), raw=event)]
         if kind in ("response.reasoning_text.delta", "response.reasoning_summary_text.delta"):
             return [StreamChunk(reasoning=str(event.get("delta", "")), raw=event)]
@@ -234,14 +236,18 @@ class ResponseEvents:
                 raise ProviderProtocolError(f"{kind} without its response: {str(event)[:200]}")
             _raise_failed(response)
             self.finished = True
+            # a server that streamed no delta but put the answer in the final response: the text
+            # is there, not "" (only when no delta came: the deltas already said it otherwise)
+            whole = "" if self._text_seen else _output_text(response.get("output"))
             return [
+                *([StreamChunk(delta=whole, raw=event)] if whole else []),
                 StreamChunk(
                     finish_reason=_finish(response, bool(self._calls)),
                     usage=_usage(response.get("usage")),
                     timings=timings_from(event.get("timings")),  # llama-server's, beside the response
                     model=_str(response.get("model")),
                     raw=event,
-                )
+                ),
             ]
         if kind == "error":
             raise error_from_response(200, {"error": {k: v for k, v in event.items() if k != "type"}})
@@ -301,6 +307,15 @@ async def responses_sse_chunks(
                     yield chunk
     if not events.finished:
         raise ProviderProtocolError("the responses stream ended before its final event (response.completed)")
+
+
+def _output_text(output: Any) -> str:
+    """The message text of a response's ``output`` items."""
+    if not isinstance(output, list):
+        return ""
+    return "".join(
+        _text_of(item.get("content")) for item in output if isinstance(item, dict) and item.get("type") == "message"
+    )
 
 
 def completion_from_response(obj: Any) -> Completion:

@@ -337,9 +337,7 @@ def test_a_reader_that_stops_reading_is_cut_after_the_write_timeout(upstream: Fa
             sock = socket.socket()
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a window that fills at once
             sock.connect(("127.0.0.1", gw.port))
-            sock.sendall(
-                f"GET /v1/responses/{started['id']}?stream=true HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode()
-            )
+            sock.sendall(f"GET /v1/responses/{started['id']}?stream=true HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
             readers.append(sock)  # ... and never read
         # the response generates on and fills the readers' windows; each is cut once a write
         # waited past 1 s (read nothing until then: reading would open the window)

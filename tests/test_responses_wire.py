@@ -397,6 +397,24 @@ class _ReplayingServer:
                     b"transfer-encoding: chunked\r\nconnection: close\r\n\r\n"
                 )
                 events = self._events()
+                if line.startswith("POST") and self.mode == "text_only_in_completed":
+                    output = [
+                        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "hi"}]}
+                    ]
+                    done = self._event(
+                        1, "response.completed", response={"id": "resp_1", "status": "completed", "output": output}
+                    )
+                    if json.loads(body or b"{}").get("stream") is False:  # a whole answer: JSON
+                        whole = json.dumps(
+                            {"id": "resp_1", "object": "response", "status": "completed", "output": output}
+                        )
+                        conn.sendall(
+                            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n"
+                            + f"content-length: {len(whole)}\r\n\r\n{whole}".encode()
+                        )
+                        continue
+                    conn.sendall(start + _chunk(events[0] + done) + b"0\r\n\r\n")
+                    continue
                 if line.startswith("POST"):  # created, w1, w2, w3: then a cut inside the body
                     conn.sendall(start + _chunk(b"".join(events[:4])))
                     continue
@@ -437,5 +455,22 @@ def test_a_stream_whose_events_carry_no_number_is_not_resumed_but_a_typed_error(
         assert info.value.partial_text == "w1 w2 w3 "  # what came is kept, nothing replayed
         assert "sequence_number" in str(info.value)
         assert server.gets == []  # never asked: it would have replayed
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("resumable", [False, True])
+def test_text_that_only_the_final_response_holds_is_handed_out(resumable: bool) -> None:
+    """#48: a stream whose ``response.completed`` came before any delta returned "" although
+    its ``response.output`` held the text."""
+    server = _ReplayingServer("text_only_in_completed")
+    try:
+        with create_llm(
+            "openai-compatible", "m", base_url=f"http://127.0.0.1:{server.port}/v1", wire="responses", max_retries=0
+        ) as llm:
+            chunks = list(llm.stream("x", resumable=resumable))
+            assert "".join(c.delta for c in chunks) == "hi"
+            assert chunks[-1].finish_reason == "stop"
+            assert llm.generate("x", resumable=resumable).content == "hi"
     finally:
         server.close()
