@@ -137,6 +137,18 @@ def test_bad_responses_bodies_are_400(gw: InProcessGateway) -> None:
         {"model": "m", "input": "x", "tools": [{"type": "web_search"}]},
         {"model": "m", "input": [{"type": "image_generation_call"}]},
         {"model": "m", "input": "x", "text": {"format": {"type": "yaml"}}},
+        # #48: each reached the upstream
+        {
+            "model": "m",
+            "input": [
+                {"role": "user", "content": [{"type": "input_image", "image_url": "data:,", "detail": {"x": 1}}]}
+            ],
+        },
+        {
+            "model": "m",
+            "input": [{"type": "function_call", "call_id": "c1", "name": "w", "arguments": '{"city": "Par'}],
+        },
+        {"model": "m", "input": [{"type": "function_call_output", "call_id": "nobody", "output": "42"}]},
     ):
         answer = httpx.post(gw.url + "/v1/responses", json=body)
         assert answer.status_code == 400, (body, answer.text)

@@ -47,7 +47,10 @@ def _content(content: Any, where: str) -> Any:
             url = part.get("image_url")
             if not isinstance(url, str):
                 raise BadRequest(f"{where}.content[{n}]: an input_image needs an image_url (file ids are not served)")
-            parts.append({"type": "image_url", "image_url": {"url": url, "detail": part.get("detail") or "auto"}})
+            detail = part.get("detail") or "auto"
+            if detail not in ("auto", "low", "high"):
+                raise BadRequest(f"{where}.content[{n}].detail must be auto, low or high")
+            parts.append({"type": "image_url", "image_url": {"url": url, "detail": detail}})
         else:
             raise BadRequest(f"{where}.content[{n}]: part type {str(kind)[:40]!r} is not supported")
     return parts
@@ -58,6 +61,7 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     turn before it, a ``function_call_output`` is a tool message, a ``reasoning`` item is dropped
     (the model reasons anew)."""
     messages: list[dict[str, Any]] = []
+    calls: set[str] = set()  # the call ids the input's function_calls made
     instructions = body.get("instructions")
     if instructions is not None:
         if not isinstance(instructions, str):
@@ -84,6 +88,13 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
             call_id, name, arguments = item.get("call_id"), item.get("name"), item.get("arguments", "")
             if not isinstance(call_id, str) or not isinstance(name, str) or not name or not isinstance(arguments, str):
                 raise BadRequest(f"{where}: a function_call needs string call_id, name and arguments")
+            try:  # a call's arguments are a JSON object: a truncated one is no call to replay
+                parsed = json.loads(arguments or "{}")
+            except ValueError:
+                raise BadRequest(f"{where}: the function_call's arguments are not JSON") from None
+            if not isinstance(parsed, dict):
+                raise BadRequest(f"{where}: the function_call's arguments must be a JSON object")
+            calls.add(call_id)
             call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant":
@@ -94,6 +105,10 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
             call_id, output = item.get("call_id"), item.get("output")
             if not isinstance(call_id, str) or not isinstance(output, str):
                 raise BadRequest(f"{where}: a function_call_output needs a string call_id and output")
+            if call_id not in calls:
+                raise BadRequest(
+                    f"{where}: a function_call_output for call_id {call_id[:40]!r}, which no function_call made"
+                )
             messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
         elif kind == "reasoning":
             continue
