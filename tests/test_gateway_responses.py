@@ -128,7 +128,7 @@ def test_a_foreground_stream_stops_when_its_client_leaves(upstream: FakeOpenAISe
     assert record.tokens_sent < 100_000
 
 
-def test_bad_responses_bodies_are_400(gw: InProcessGateway) -> None:
+def test_bad_responses_bodies_are_400(upstream: FakeOpenAIServer, gw: InProcessGateway) -> None:
     for body in (
         {"model": "m"},
         {"model": "m", "input": 5},
@@ -148,11 +148,18 @@ def test_bad_responses_bodies_are_400(gw: InProcessGateway) -> None:
             "model": "m",
             "input": [{"type": "function_call", "call_id": "c1", "name": "w", "arguments": '{"city": "Par'}],
         },
-        {"model": "m", "input": [{"type": "function_call_output", "call_id": "nobody", "output": "42"}]},
+        {
+            "model": "m",
+            "input": [
+                {"role": "user", "content": "x"},
+                {"type": "function_call_output", "call_id": "c9", "output": "42"},
+            ],
+        },
     ):
         answer = httpx.post(gw.url + "/v1/responses", json=body)
         assert answer.status_code == 400, (body, answer.text)
         assert answer.json()["error"]["type"] == "invalid_request_error"
+    assert upstream.requests() == []  # refused by the gateway, not by its upstream
 
 
 def test_a_background_request_meets_the_foregrounds_checks_before_its_200(

@@ -15,6 +15,7 @@ import pytest
 
 from abstract_client import (
     LLM,
+    AbortController,
     GenerationCancelledError,
     NotSupportedError,
     ProviderAPIError,
@@ -354,6 +355,7 @@ class _ReplayingServer:
 
         self.mode = mode
         self.gets: list[str] = []
+        self.closed_at: list[float] = []  # silent_resume: when the client closed the resumed GET
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         threading.Thread(target=self._serve, daemon=True).start()
@@ -378,52 +380,60 @@ class _ReplayingServer:
                 conn, _ = self.listener.accept()
             except OSError:
                 return
-            with conn:
-                head = b""
-                while b"\r\n\r\n" not in head:
-                    part = conn.recv(65536)
-                    if not part:
-                        break
-                    head += part
-                line = head.split(b"\r\n", 1)[0].decode()
-                length = next(
-                    (int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")), 0
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: Any) -> None:
+        with conn:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                part = conn.recv(65536)
+                if not part:
+                    break
+                head += part
+            line = head.split(b"\r\n", 1)[0].decode()
+            length = next(
+                (int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")), 0
+            )
+            body = head.split(b"\r\n\r\n", 1)[1]
+            while len(body) < length:
+                body += conn.recv(65536)
+            start = (
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                b"transfer-encoding: chunked\r\nconnection: close\r\n\r\n"
+            )
+            events = self._events()
+            if line.startswith("POST") and self.mode == "text_only_in_completed":
+                output = [{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "hi"}]}]
+                done = self._event(
+                    1, "response.completed", response={"id": "resp_1", "status": "completed", "output": output}
                 )
-                body = head.split(b"\r\n\r\n", 1)[1]
-                while len(body) < length:
-                    body += conn.recv(65536)
-                start = (
-                    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                    b"transfer-encoding: chunked\r\nconnection: close\r\n\r\n"
-                )
-                events = self._events()
-                if line.startswith("POST") and self.mode == "text_only_in_completed":
-                    output = [
-                        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "hi"}]}
-                    ]
-                    done = self._event(
-                        1, "response.completed", response={"id": "resp_1", "status": "completed", "output": output}
+                if json.loads(body or b"{}").get("stream") is False:  # a whole answer: JSON
+                    whole = json.dumps({"id": "resp_1", "object": "response", "status": "completed", "output": output})
+                    conn.sendall(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n"
+                        + f"content-length: {len(whole)}\r\n\r\n{whole}".encode()
                     )
-                    if json.loads(body or b"{}").get("stream") is False:  # a whole answer: JSON
-                        whole = json.dumps(
-                            {"id": "resp_1", "object": "response", "status": "completed", "output": output}
-                        )
-                        conn.sendall(
-                            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n"
-                            + f"content-length: {len(whole)}\r\n\r\n{whole}".encode()
-                        )
-                        continue
-                    conn.sendall(start + _chunk(events[0] + done) + b"0\r\n\r\n")
-                    continue
-                if line.startswith("POST"):  # created, w1, w2, w3: then a cut inside the body
-                    conn.sendall(start + _chunk(b"".join(events[:4])))
-                    continue
-                self.gets.append(line)
-                if self.mode == "sends_one_twice":
-                    sent = [events[4], *events[4:]]
-                else:  # ignores starting_after (or numbers nothing): the whole stream again
-                    sent = events
-                conn.sendall(start + _chunk(b"".join(sent)) + b"0\r\n\r\n")
+                    return
+                conn.sendall(start + _chunk(events[0] + done) + b"0\r\n\r\n")
+                return
+            if line.startswith("POST"):  # created, w1, w2, w3: then a cut inside the body
+                conn.sendall(start + _chunk(b"".join(events[:4])))
+                return
+            self.gets.append(line)
+            if self.mode == "silent_resume":  # accepted, read, never answered: until the client closes
+                conn.settimeout(20)
+                try:
+                    while conn.recv(65536):
+                        pass
+                except OSError:
+                    pass
+                self.closed_at.append(time.perf_counter())
+                return
+            if self.mode == "sends_one_twice":
+                sent = [events[4], *events[4:]]
+            else:  # ignores starting_after (or numbers nothing): the whole stream again
+                sent = events
+            conn.sendall(start + _chunk(b"".join(sent)) + b"0\r\n\r\n")
 
     def close(self) -> None:
         self.listener.close()
@@ -472,5 +482,97 @@ def test_text_that_only_the_final_response_holds_is_handed_out(resumable: bool) 
             assert "".join(c.delta for c in chunks) == "hi"
             assert chunks[-1].finish_reason == "stop"
             assert llm.generate("x", resumable=resumable).content == "hi"
+    finally:
+        server.close()
+
+
+def test_resume_timeout_bounds_a_resume_that_is_never_answered() -> None:
+    """#48: a resumed GET accepted and never answered held the caller past ``resume_timeout``
+    (still waiting after 15 s with 2)."""
+    server = _ReplayingServer("silent_resume")
+    try:
+        with create_llm(
+            "openai-compatible", "m", base_url=f"http://127.0.0.1:{server.port}/v1", wire="responses", max_retries=0
+        ) as llm:
+            t0 = time.perf_counter()
+            with pytest.raises(TransportError) as info:
+                for _ in llm.stream("x", resumable=True, resume_timeout=2):
+                    pass
+            assert time.perf_counter() - t0 < 10  # 2 s, generously
+            assert info.value.partial_text == "w1 w2 w3 "
+        assert wait_until(lambda: len(server.closed_at) == len(server.gets), 10), "a resumed GET was left open"
+    finally:
+        server.close()
+
+
+def test_a_stop_during_a_resume_closes_the_resumed_connection() -> None:
+    """#48: a Stop released the caller but the resumed connection was never closed (the server
+    saw no close; "Task was destroyed but it is pending" at exit)."""
+    server = _ReplayingServer("silent_resume")
+    try:
+        with create_llm(
+            "openai-compatible", "m", base_url=f"http://127.0.0.1:{server.port}/v1", wire="responses", max_retries=0
+        ) as llm:
+            stop = threading.Event()
+            press = press_when(lambda: server.gets, stop.set)  # the resumed GET is held
+            with pytest.raises(GenerationCancelledError) as info:
+                for _ in llm.stream("x", resumable=True, resume_timeout=30, cancel_event=stop):
+                    pass
+            pressed = press.wait()
+            assert info.value.partial_text == "w1 w2 w3 "
+            assert wait_until(lambda: server.closed_at, 10), "the resumed connection was never closed"
+            assert server.closed_at[0] - pressed < 5
+    finally:
+        server.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_an_async_stop_during_a_resume_severs_the_resumed_connection(anyio_backend: str) -> None:
+    server = _ReplayingServer("silent_resume")
+    try:
+        async with create_llm(
+            "openai-compatible", "m", base_url=f"http://127.0.0.1:{server.port}/v1", wire="responses", max_retries=0
+        ) as llm:
+            controller = AbortController()
+            press = press_when(lambda: server.gets, controller.abort)  # the resumed GET is held
+            with pytest.raises(GenerationCancelledError):
+                async with llm.astream("x", resumable=True, resume_timeout=30, signal=controller.signal) as stream:
+                    async for _ in stream:
+                        pass
+            pressed = press.wait()
+            assert server.closed_at and server.closed_at[0] - pressed < 5, "the resumed connection was not severed"
+    finally:
+        server.close()
+
+
+def test_a_stop_severs_the_resumed_connection_while_the_loop_is_busy() -> None:
+    """The resumed connection is the call's, like the first: a stop severs it from the stopping
+    thread, so the server sees the close even while the event loop is held by other work (a
+    connection no guard holds would close only once the loop could clean it up)."""
+    from .helpers import HOLD_S, LoopHold
+
+    server = _ReplayingServer("silent_resume")
+    try:
+        with create_llm(
+            "openai-compatible", "m", base_url=f"http://127.0.0.1:{server.port}/v1", wire="responses", max_retries=0
+        ) as llm:
+            stop = threading.Event()
+            hold = LoopHold(HOLD_S)
+
+            def press() -> None:
+                llm._portal.loop.call_soon_threadsafe(hold)  # type: ignore[attr-defined]
+                assert hold.started.wait(10)
+                stop.set()
+
+            presser = press_when(lambda: server.gets, press)  # the resumed GET is held
+            with pytest.raises(GenerationCancelledError):
+                for _ in llm.stream("x", resumable=True, resume_timeout=30, cancel_event=stop):
+                    pass
+            pressed = presser.wait()
+            assert wait_until(lambda: server.closed_at, 5), "the resumed connection was not severed"
+            free_at = hold.wait_free()
+            assert server.closed_at[0] < free_at, "closed only once the loop was free: not severed"
+            assert server.closed_at[0] - pressed < 2
     finally:
         server.close()

@@ -17,8 +17,9 @@ connection — is the lane's (``ServerCancels``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import TypeVar
 
@@ -28,12 +29,14 @@ import httpx
 from ..errors import TransportError
 from ..stopping.loop import loop_caller
 from ..stopping.token import StopToken
+from .guard import SocketGuard, current_guard
 from .wire import expect_stream
 
 __all__ = ["resumed_bytes", "resumed_items"]
 
 P = TypeVar("P")
 T = TypeVar("T")
+R = TypeVar("R")
 
 log = logging.getLogger(__name__)
 
@@ -84,23 +87,49 @@ async def resumed_items(
     proxy) that ignores the resume's position, or sends an event twice, never hands out text
     twice."""
     position = start
+    # The call's guard, taken now (inside the contract's step): a reopened connection is made
+    # from an await the contract runs without one, and a connection no guard holds is one the
+    # stop cannot sever (the resumed GET stayed open after a Stop).
+    guard = current_guard.get()
     opening = first()
     dropped_at: float | None = None
     delay = 0.05
     resumes = 0
     while True:
+        # a resume attempt, connection and first item, is bounded by what is left of
+        # resume_timeout (an accepted, never answered GET held the caller for ever)
+        resume_by = None if dropped_at is None else dropped_at + resume_timeout
         try:
-            async with opening as resp:
+            async with contextlib.AsyncExitStack() as stack:
+                resp = await _bounded(resume_by, stack.enter_async_context(opening), guard)
+                if resp is None:
+                    raise _unresumed(provider, where(position), resume_timeout, "no answer to the resumed request")
                 if resumes and resp.status_code in (400, 404, 410):  # expired, evicted, or cancelled
                     raise TransportError(
                         f"the server no longer holds the stream (HTTP {resp.status_code} at {where(position)})",
                         provider=provider,
                     )
                 await expect_stream(resp)
-                dropped_at, delay = None, 0.05
                 items = read(resp)
                 try:
-                    async for item in items:
+                    waiting_first = resume_by is not None
+                    while True:
+                        if waiting_first:
+                            got = await _bounded(resume_by, _next(items), guard)
+                            if got is None:
+                                raise _unresumed(
+                                    provider, where(position), resume_timeout, "nothing on the resumed stream"
+                                )
+                            if not got:  # the end
+                                break
+                            item = got[0]
+                            waiting_first = False
+                        else:
+                            try:
+                                item = await items.__anext__()
+                            except StopAsyncIteration:
+                                break
+                        dropped_at, delay = None, 0.05
                         if seen is not None and seen(position, item):
                             continue
                         position = advance(position, item)
@@ -127,6 +156,34 @@ async def resumed_items(
             delay = min(delay * 2, 1.0)
             resumes += 1
             opening = reopen(position)
+
+
+async def _next(items: AsyncIterator[T]) -> tuple[T] | tuple[()]:
+    """The next item, as a 1-tuple; ``()`` at the end."""
+    try:
+        return (await items.__anext__(),)
+    except StopAsyncIteration:
+        return ()
+
+
+async def _bounded(by: float | None, awaitable: Awaitable[R], guard: SocketGuard | None) -> R | None:
+    """``await awaitable`` with the call's guard current (a connection it makes is the call's),
+    until ``by`` (loop time; None: no bound). None when ``by`` passed first."""
+    reset = current_guard.set(guard)
+    try:
+        if by is None:
+            return await awaitable
+        with anyio.move_on_after(max(0.0, by - anyio.current_time())):
+            return await awaitable
+        return None
+    finally:
+        current_guard.reset(reset)
+
+
+def _unresumed(provider: str, at: str, resume_timeout: float, what: str) -> TransportError:
+    return TransportError(
+        f"the stream dropped at {at} and could not be resumed within {resume_timeout:g} s ({what})", provider=provider
+    )
 
 
 async def _pause(seconds: float, token: StopToken) -> bool:
