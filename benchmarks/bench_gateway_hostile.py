@@ -11,9 +11,15 @@ every 5 ms while an attack runs):
 * the key compare: wrong keys sharing no prefix vs all but the last character, 2,000 each,
   interleaved — the medians' difference (a timing signal would be the shared prefix's);
 * 1,000 keep-alive requests on one connection: RSS, fds and threads before and after;
-* SIGTERM with 20 streams running: how long until each ends with an error frame, and the exit.
+* SIGTERM with 20 streams running: how long until each ends with an error frame, and the exit;
+* #48's attacks on the newest routes: a background response's readers that never read (RSS
+  after 16 responses, 2 held at once, 8 MiB each), requests whose checks were long (tools,
+  messages: the answer's time and ``/health``'s worst latency meanwhile), hostile bodies sent
+  with ``background: true`` (answered before or after the 200), and 800 concurrent reads of one
+  response with ``--workers 2`` (404s were the relay's failures).
 
-    python benchmarks/bench_gateway_hostile.py
+    python benchmarks/bench_gateway_hostile.py          # everything
+    python benchmarks/bench_gateway_hostile.py --only 48  # #48's rows (run it on two commits for before/after)
 """
 
 from __future__ import annotations
@@ -230,7 +236,162 @@ def sigterm(gw: GatewayProcess, streams: int = 20) -> list[list[Any]]:
     ]
 
 
+# -- #48 ------------------------------------------------------------------------------------------
+
+
+def _config(tmp: str, upstream: Any, workers: int = 1) -> Path:
+    path = Path(tmp) / "gw48.toml"
+    path.write_text(
+        "[server]\nwrite_timeout = 2\nmax_background = 2\nbackground_max_bytes = 8388608\n"
+        f'workers = {workers}\n\n[[backend]]\nname = "m"\nprovider = "openai-compatible"\n'
+        f'model = "fake-model"\nbase_url = "{upstream.base_url}"\nmax_concurrent = 64\n'
+    )
+    return path
+
+
+def stalled_readers(gw: GatewayProcess, n: int = 16) -> list[list[Any]]:
+    """A background response per round, each with one reader that never reads; RSS after."""
+    before = resources(gw.pid)[0]
+    held = []
+    for _ in range(n):
+        started = httpx.post(
+            gw.url + "/v1/responses",
+            json={"model": "m", "input": "x", "max_output_tokens": 1_000_000, "background": True},
+            timeout=30,
+        ).json()
+        if "id" not in started:  # max_background reached: the oldest finished ones make room
+            time.sleep(0.5)
+            continue
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", gw.port))
+        sock.sendall(f"GET /v1/responses/{started['id']}?stream=true HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        held.append(sock)
+        time.sleep(1.0)
+        httpx.post(f"{gw.url}/v1/responses/{started['id']}/cancel", timeout=30)
+    time.sleep(5)  # past the write timeout: a bounded reader is cut by now
+    after = resources(gw.pid)[0]
+    for sock in held:
+        sock.close()
+    return [[f"{n} background responses, one reader each that never reads", f"{before:.0f}", f"{after:.0f}"]]
+
+
+def _health_worst(gw: GatewayProcess, done: threading.Event) -> list[float]:
+    worst = [0.0]
+    while not done.is_set():
+        t0 = time.perf_counter()
+        try:
+            httpx.get(gw.url + "/health", timeout=120)
+        except httpx.HTTPError:
+            pass
+        worst[0] = max(worst[0], time.perf_counter() - t0)
+        time.sleep(0.02)
+    return worst
+
+
+def long_checks(gw: GatewayProcess) -> list[list[Any]]:
+    tool = {"type": "function", "function": {"name": "t", "parameters": {"type": "object"}}}
+    cases = [
+        (f"{n:,} tools", {"tools": [{**tool, "function": {**tool["function"], "name": f"t{i}"}} for i in range(n)]})
+        for n in (8_000, 32_000)
+    ]
+    cases.append(("1,000,000 messages", {"messages": [{"role": "user", "content": "x"}] * 1_000_000}))
+    rows = []
+    for name, extra in cases:
+        body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2, **extra}
+        done = threading.Event()
+        worst: list[float] = []
+        watcher = threading.Thread(target=lambda w=worst, d=done: w.extend(_health_worst(gw, d)), daemon=True)
+        watcher.start()
+        t0 = time.perf_counter()
+        try:
+            status: Any = httpx.post(gw.url + "/v1/chat/completions", json=body, timeout=300).status_code
+        except httpx.HTTPError as exc:
+            status = type(exc).__name__
+        took = time.perf_counter() - t0
+        done.set()
+        watcher.join()
+        rows.append([name, status, f"{took * 1000:.0f} ms", f"{max(worst or [0]) * 1000:.0f} ms"])
+    return rows
+
+
+def background_bodies(gw: GatewayProcess) -> list[list[Any]]:
+    weather = {"type": "function", "name": "w", "parameters": {"type": "object"}}
+    bad: list[tuple[str, dict[str, Any] | None, str | None]] = [
+        ('a {"$ref": "#"} schema', {"tools": [{**weather, "parameters": {"$ref": "#"}}]}, None),
+        ("duplicate tool names", {"tools": [weather, weather]}, None),
+        ("top_p: 5", {"top_p": 5}, None),
+        ("stop: 5", {"stop": 5}, None),
+        (
+            "image_url file:///etc/passwd",
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "file:///etc/passwd"}]}]},
+            None,
+        ),
+        ("temperature: NaN", None, '"temperature": NaN'),
+        ("seed: 1e400", None, '"seed": 1e400'),
+    ]
+    rows = []
+    for name, extra, raw in bad:
+        body = {"model": "m", "input": "x", "background": True, **(extra or {})}
+        text = json.dumps(body) if raw is None else json.dumps(body)[:-1] + ", " + raw + "}"
+        answer = httpx.post(
+            gw.url + "/v1/responses", content=text, headers={"content-type": "application/json"}, timeout=30
+        )
+        status = answer.json().get("status") if answer.status_code == 200 else ""
+        rows.append([name, answer.status_code, status])
+    return rows
+
+
+def relayed_reads(gw: GatewayProcess, n: int = 800) -> list[list[Any]]:
+    import asyncio
+
+    started = httpx.post(
+        gw.url + "/v1/responses",
+        json={"model": "m", "input": "x", "max_output_tokens": 1_000_000, "background": True},
+        timeout=30,
+    ).json()
+    url = f"{gw.url}/v1/responses/{started['id']}"
+
+    async def burst() -> list[Any]:
+        limits = httpx.Limits(max_connections=n, max_keepalive_connections=0)
+        async with httpx.AsyncClient(limits=limits, timeout=120) as client:
+
+            async def one() -> Any:
+                try:
+                    return (await client.get(url)).status_code
+                except httpx.HTTPError as exc:
+                    return type(exc).__name__
+
+            return await asyncio.gather(*(one() for _ in range(n)))
+
+    outcomes = asyncio.run(burst())
+    httpx.post(url + "/cancel", timeout=30)
+    counts = {str(o): outcomes.count(o) for o in set(outcomes)}
+    return [[f"{n} concurrent GETs of one running response, --workers 2", json.dumps(counts, sort_keys=True)]]
+
+
+def main48() -> None:
+    with FakeOpenAIServer(token_delay=0.002) as upstream, tempfile.TemporaryDirectory() as tmp:
+        upstream.behavior.answer = ("x" * 1000 + " ") * 200_000  # 1 KB tokens: windows fill in seconds
+        gw = GatewayProcess.launch(["--config", str(_config(tmp, upstream))], log_path=Path(tmp) / "gw.log")
+        try:
+            show("#48: readers that never read", ["attack", "RSS before MiB", "RSS after MiB"], stalled_readers(gw))
+            show("#48: long checks", ["request", "status", "answered in", "/health worst"], long_checks(gw))
+            show("#48: hostile bodies with background: true", ["body", "HTTP", "status"], background_bodies(gw))
+        finally:
+            gw.stop()
+        upstream.behavior.answer = None
+        gw = GatewayProcess.launch(["--config", str(_config(tmp, upstream, workers=2))], log_path=Path(tmp) / "gw2.log")
+        try:
+            show("#48: relayed reads", ["attack", "outcomes"], relayed_reads(gw))
+        finally:
+            gw.stop()
+
+
 def main() -> None:
+    if sys.argv[1:] == ["--only", "48"]:
+        main48()
+        return
     with FakeOpenAIServer(token_delay=0.005) as upstream, tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "BENCH_KEY": KEY}
         args = ["-p", "openai-compatible", "-u", upstream.base_url, "-m", "fake-model", "--api-key-env", "BENCH_KEY"]
@@ -266,6 +427,7 @@ def main() -> None:
             show("SIGTERM with 20 streams running", ["what", "figure"], sigterm(gw))
         finally:
             gw.stop()
+    main48()
 
 
 if __name__ == "__main__":
