@@ -27,7 +27,14 @@ def spawn(*args: str) -> pexpect.spawn:
         encoding="utf-8",
         timeout=30,
         dimensions=(40, 200),
-        env={"TERM": "dumb", "PYTHONUNBUFFERED": "1", "NO_COLOR": "1", "PATH": "/usr/bin:/bin"},
+        env={
+            "TERM": "dumb",
+            "PYTHONUNBUFFERED": "1",
+            "NO_COLOR": "1",
+            "PATH": "/usr/bin:/bin",
+            # the mutation gate's scratch tree (and any other PYTHONPATH) is what the child runs
+            **{k: v for k, v in os.environ.items() if k in ("PYTHONPATH", "ABSTRACT_CLIENT_CACHE", "HOME")},
+        },
     )
     return child
 
@@ -58,6 +65,58 @@ def test_chat_ctrl_c_stops_the_answer_not_the_chat() -> None:
         child.expect(pexpect.EOF)
         child.close()
         assert child.exitstatus == 0
+
+
+def test_chat_survives_a_backend_error_and_keeps_the_history() -> None:
+    """#49: a refused connection or a 404 ended the chat (``error: …``, exit 1) and lost the
+    conversation. One line, back at the prompt; the unanswered question is not kept."""
+    with FakeOpenAIServer(token_delay=0.0, answer="first answer") as server:
+        child = spawn("chat", "-p", "openai-compatible", "-m", "fake-model", "-u", server.base_url)
+        child.expect("you>")
+        child.sendline("one")
+        child.expect("first answer")
+        child.expect("you>")
+        server.inject("status_404")  # a model the server does not have: not retried
+        child.sendline("two")
+        child.expect("error:")
+        child.expect("you>")
+        child.sendline("three")
+        child.expect("first answer")
+        child.expect("you>")
+        last = server.requests("/v1/chat/completions")[-1].body
+        assert [m["content"] for m in last["messages"]] == ["one", "first answer", "three"]
+        child.sendintr()
+        child.expect(pexpect.EOF)
+        child.close()
+        assert child.exitstatus == 0
+
+
+def test_an_in_process_lane_without_a_model_says_what_to_run(tmp_path: object) -> None:
+    """#49: ``generate -p mlx`` without ``-m`` printed a 24-line traceback although ``prepare``
+    makes the default. With nothing prepared: one line naming ``prepare`` and ``-m``, exit 2."""
+    env = {**os.environ, "ABSTRACT_CLIENT_CACHE": str(tmp_path)}
+    for provider in ("mlx", "transformers", "gguf"):
+        out = subprocess.run(
+            [*CLI, "generate", "-p", provider, "Say hi"], capture_output=True, text=True, env=env, timeout=120
+        )
+        assert out.returncode == 2, out.stderr
+        assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+        assert "abstract-client prepare" in out.stderr and "-m" in out.stderr
+
+
+def test_generate_json_into_a_closed_pipe_ends_quietly() -> None:
+    """#49: ``generate --json | head`` ended in a ``BrokenPipeError`` traceback."""
+    # far past a pipe's 64 KiB buffer: the write must meet the closed pipe, however the race falls
+    with FakeOpenAIServer(token_delay=0.0, answer="word " * 100_000) as server:
+        command = " ".join([*CLI, "generate", "--json", "--max-tokens", "100000", "-p", "openai-compatible"])
+        out = subprocess.run(
+            ["bash", "-c", f"{command} -m fake-model -u {server.base_url} hi | head -c 10"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert len(out.stdout) == 10
+    assert "Traceback" not in out.stderr and "BrokenPipe" not in out.stderr, out.stderr
 
 
 def test_generate_exit_code_130_on_ctrl_c() -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import signal
 import sys
 import threading
@@ -52,8 +53,38 @@ def _add_backend(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=None, help="total deadline per answer, seconds")
 
 
+# In-process lanes whose model is a file or directory: what `abstract-client prepare TARGET`
+# makes is their default, when it is there (never prepared behind the user's back).
+_PREPARED = {"mlx": "smollm2-mlx", "transformers": "smollm2-hf", "gguf": "smollm2"}
+IN_PROCESS = frozenset(_PREPARED)
+
+
+class Usage(Exception):
+    """A command line that cannot run as given: one line, exit 2."""
+
+
+def _default_model(provider: str) -> str:
+    from .assets import SMOLLM2_MEMBER, cache_dir
+
+    models = cache_dir() / "models"
+    path = {
+        "mlx": models / "SmolLM2-135M-Instruct-mlx" / ".complete",
+        "transformers": models / "SmolLM2-135M-Instruct-hf" / ".complete",
+        "gguf": models / Path(SMOLLM2_MEMBER).name,
+    }[provider]
+    if not path.exists():
+        raise Usage(
+            f"-p {provider} needs a model: `abstract-client prepare {_PREPARED[provider]}` makes the default "
+            "(SmolLM2-135M-Instruct), or pass -m PATH"
+        )
+    return str(path.parent if path.name == ".complete" else path)
+
+
 def _llm(args: argparse.Namespace) -> LLM:
-    return create_llm(args.provider, args.model, base_url=args.base_url, api_key=args.api_key, timeout=args.timeout)
+    model = args.model
+    if model is None and args.provider in IN_PROCESS:
+        model = _default_model(args.provider)
+    return create_llm(args.provider, model, base_url=args.base_url, api_key=args.api_key, timeout=args.timeout)
 
 
 class StopKey:
@@ -160,20 +191,26 @@ def _chat_loop(
                 continue
             history.append({"role": "user", "content": text})
             console.print("[bold blue]ai>[/] ", end="")
-            with key:
-                partial, result, stopped = _stream_answer(
-                    llm, console, key, messages=list(history), max_tokens=args.max_tokens
-                )
+            started = time.perf_counter()
+            try:
+                with key:
+                    partial, result, stopped = _stream_answer(
+                        llm, console, key, messages=list(history), max_tokens=args.max_tokens
+                    )
+            except AbstractClientError as err:  # the backend failed this answer: say so, go on
+                history.pop()  # the question got no answer: ask it again, or another
+                console.print(f"\n[red]error:[/] {type(err).__name__}: {err}", markup=True)
+                continue
             stats.answers += 1
             if stopped is not None:
                 stats.stopped += 1
                 if key.pressed_at is not None:
                     stats.stop_ms.append((time.perf_counter() - key.pressed_at) * 1000)
                 stats.tokens += stopped.generated_tokens
-                console.print(
-                    f"\n[bold red]\\[stopped][/] [dim]{stopped.generated_tokens} tokens kept; "
-                    f"the server was told to stop[/]"
-                )
+                if stopped.generated_tokens:  # a stopped answer streamed too: its rate counts
+                    stats.tok_s.append(stopped.generated_tokens / max(time.perf_counter() - started, 1e-3))
+                told = "the engine stopped" if runs_in_process(args.provider) else "the server was told to stop"
+                console.print(f"\n[bold red]\\[stopped][/] [dim]{stopped.generated_tokens} tokens kept; {told}[/]")
                 history.append({"role": "assistant", "content": partial})
             elif result is not None:
                 history.append({"role": "assistant", "content": result.content})
@@ -184,9 +221,6 @@ def _chat_loop(
     except KeyboardInterrupt:  # Ctrl-C twice while streaming
         console.print("\n[dim]bye[/]")
         return 0
-    except AbstractClientError as err:
-        console.print(f"[red]error:[/] {type(err).__name__}: {err}")
-        return 1
 
 
 def _chat_command(
@@ -507,7 +541,15 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         sys.stderr.write("error: the abstract-client command needs its UI: pip install 'abstract-client[cli]'\n")
         return 2
-    return int(args.fn(args))
+    try:
+        return int(args.fn(args))
+    except Usage as err:
+        sys.stderr.write(f"error: {err}\n")
+        return 2
+    except BrokenPipeError:  # `abstract-client generate --json | head`: the reader left, quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python's own flush at exit would raise again
+        return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":
