@@ -85,8 +85,10 @@ class GenerateOptions(TypedDict, total=False):
         top_p, top_k, min_p, logit_bias, repetition_penalty, presence_penalty,
             frequency_penalty: sampling fields every lane that has them honours (sent as they
             are; ``logit_bias`` maps token ids to biases).
-        extra: any other lane-specific request fields, sent as they are (unknown keywords are
-            treated the same way at run time, but only ``extra`` is typed for them).
+        extra_body: fields merged into the request's JSON body as they are (as openai-python's
+            ``extra_body``): what a server takes that no option here names.
+        extra: the same as ``extra_body`` (its older name; unknown keywords are treated the same
+            way at run time, but only these two are typed for them).
         resumable: the answer outlives a dropped connection: the library reads on from where
             it was, and the caller sees one stream (lanes with ``resumable_streams``: llamacpp,
             vllm, and any lane with ``wire="responses"`` (a background response); others raise
@@ -121,7 +123,19 @@ class GenerateOptions(TypedDict, total=False):
     repetition_penalty: float
     presence_penalty: float
     frequency_penalty: float
+    extra_body: dict[str, Any]
     extra: dict[str, Any]
+
+
+def _body_fields(options: dict[str, Any], name: str) -> dict[str, Any]:
+    """``extra_body=`` (or ``extra=``): fields merged into the request body, never a field of
+    that name (``extra_body={"f": 1}`` was sent as ``{"extra_body": {"f": 1}}``)."""
+    fields = options.pop(name, None)
+    if fields is None:
+        return {}
+    if not isinstance(fields, dict) or not all(isinstance(k, str) for k in fields):
+        raise TypeError(f"{name}= takes a dict of body fields, not {type(fields).__name__}")
+    return fields
 
 
 class LLM:
@@ -243,7 +257,7 @@ class LLM:
             tool_choice=normalize_tool_choice(tool_choice, normalized_tools),
             response_format=response_format_from(response_format),
             reasoning=reasoning,
-            extra={**(extra.pop("extra", None) or {}), **extra},  # lane-specific fields, sent as they are
+            extra={**_body_fields(extra, "extra"), **_body_fields(extra, "extra_body"), **extra},  # sent as they are
             resumable=resumable,
             resume_timeout=resume_timeout,
         )

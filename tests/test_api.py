@@ -128,3 +128,17 @@ def test_the_library_does_not_need_the_cli_ui() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.parametrize("lane", ["openai-compatible", "llamacpp", "vllm", "lmstudio"])
+def test_extra_body_is_merged_into_the_body(lane: str) -> None:
+    """#49: a per-call ``extra_body={"my_field": 1}`` was sent as a nested ``"extra_body"`` field
+    (openai-python merges it into the body)."""
+    with FakeOpenAIServer(token_delay=0.0, answer="ok") as server:
+        base = server.base_url if lane == "openai-compatible" else server.url
+        with create_llm(lane, "fake-model", base_url=base, max_retries=0) as llm:
+            assert llm.generate("hi", extra_body={"my_field": 1, "cache_prompt": False}).content == "ok"
+            body = server.requests("/v1/chat/completions")[-1].body
+            assert body["my_field"] == 1 and body["cache_prompt"] is False and "extra_body" not in body
+            with pytest.raises(TypeError, match="extra_body"):
+                llm.generate("hi", extra_body=["my_field"])  # type: ignore[typeddict-item]
