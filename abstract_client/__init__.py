@@ -40,6 +40,7 @@ from .registry import available_providers, create_llm, register_provider
 from .stopping.abort import AbortController, AbortSignal
 from .telemetry import RequestIdFilter
 from .types import (
+    ChunkKind,
     ContentPart,
     EmbeddingResult,
     GenerateResult,
@@ -98,6 +99,7 @@ __all__ = [
     "ResponseFormat",
     "ServerUnavailableError",
     "StreamChunk",
+    "ChunkKind",
     "SyncGenerationStream",
     "Timeout",
     "Timings",

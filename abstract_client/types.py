@@ -167,7 +167,12 @@ class EmbeddingResult:
 class StreamChunk:
     """One piece of a streamed answer. ``usage``/``timings`` arrive on the last chunk when known.
     ``reasoning`` is reasoning text (never part of ``delta``); ``tool_call`` a piece of a tool
-    call; ``tool_calls`` the complete calls, on the chunk that carries the finish reason."""
+    call; ``tool_calls`` the complete calls, on the chunk that carries the finish reason.
+
+    A stream hands out every chunk the server sent, including ones that carry no text (a
+    server's role-only first chunk, the finish, the usage): ``kind`` says what a chunk carries,
+    so "stop after the 5th piece of text" counts ``kind == "text"`` chunks (or ``delta``), not
+    chunks."""
 
     delta: str = ""
     finish_reason: str | None = None
@@ -178,6 +183,27 @@ class StreamChunk:
     reasoning: str = ""
     tool_call: ToolCallDelta | None = None
     tool_calls: list[ToolCall] | None = None
+
+    @property
+    def kind(self) -> ChunkKind:
+        """What this chunk carries, the first that applies: ``"text"`` (``delta``),
+        ``"reasoning"``, ``"tool_call"`` (a piece of a call), ``"finish"`` (``finish_reason``,
+        with the complete ``tool_calls``), ``"usage"`` (usage or timings alone), or ``"empty"``
+        (nothing: a role-only chunk, a keep-alive)."""
+        if self.delta:
+            return "text"
+        if self.reasoning:
+            return "reasoning"
+        if self.tool_call is not None:
+            return "tool_call"
+        if self.finish_reason is not None:
+            return "finish"
+        if self.usage is not None or self.timings is not None:
+            return "usage"
+        return "empty"
+
+
+ChunkKind = Literal["text", "reasoning", "tool_call", "finish", "usage", "empty"]
 
 
 @dataclass(slots=True)

@@ -142,3 +142,19 @@ def test_extra_body_is_merged_into_the_body(lane: str) -> None:
             assert body["my_field"] == 1 and body["cache_prompt"] is False and "extra_body" not in body
             with pytest.raises(TypeError, match="extra_body"):
                 llm.generate("hi", extra_body=["my_field"])  # type: ignore[typeddict-item]
+
+
+def test_a_chunk_says_what_it_carries() -> None:
+    """#49: streams hand out chunks with no text (a role-only first chunk, the finish, the
+    usage), so "stop after 5 chunks" stopped after 4 tokens; ``kind`` tells them apart."""
+    with FakeOpenAIServer(token_delay=0.0, answer="a b c d e f") as server:
+        with create_llm("openai-compatible", "fake-model", base_url=server.base_url, max_retries=0) as llm:
+            chunks = list(llm.stream("hi"))
+    kinds = [c.kind for c in chunks]
+    assert kinds.count("text") == 6 and "".join(c.delta for c in chunks if c.kind == "text") == "a b c d e f"
+    assert kinds[-1] in ("finish", "usage") and "finish" in kinds
+    assert all((c.kind == "text") == bool(c.delta) for c in chunks)
+    from abstract_client import StreamChunk, ToolCallDelta
+
+    assert StreamChunk().kind == "empty" and StreamChunk(reasoning="r").kind == "reasoning"
+    assert StreamChunk(tool_call=ToolCallDelta(index=0, name="f")).kind == "tool_call"
