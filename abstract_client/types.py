@@ -204,6 +204,7 @@ class StreamChunk:
 
 
 ChunkKind = Literal["text", "reasoning", "tool_call", "finish", "usage", "empty"]
+ChunkKind.__doc__ = "What a :class:`StreamChunk` carries (:attr:`StreamChunk.kind`)."
 
 
 @dataclass(slots=True)
