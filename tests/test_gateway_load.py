@@ -130,12 +130,14 @@ def _wait_for_the_disconnect_stop(gw: InProcessGateway) -> None:
 def test_the_disconnect_stops_the_flight_in_connection_lost(monkeypatch: pytest.MonkeyPatch) -> None:
     """With the ASGI disconnect watcher disabled, a client that closes its socket still stops
     the upstream: the protocol's ``connection_lost`` stops the flight itself."""
+    from abstract_client.gateway.protocol import GatewayProtocol
 
     async def never(receive: Any, flight: Any) -> None:
         await anyio.sleep_forever()
 
     monkeypatch.setattr(gateway_asgi, "watch_disconnect", never)
     monkeypatch.setattr(gateway_asgi.disconnects, "watcher", lambda: None)  # no disconnect thread either
+    monkeypatch.setattr(GatewayProtocol, "eof_received", lambda self: True)  # nor the loop's half-close path
     with FakeOpenAIServer(token_delay=0.01) as up:
         backend = BackendConfig(name="m", provider="openai-compatible", model="fake-model", base_url=up.base_url)
         with InProcessGateway(GatewayConfig(backends=[backend])) as gw:

@@ -196,13 +196,32 @@ def test_a_background_request_meets_the_foregrounds_checks_before_its_200(
     assert upstream.requests("/v1/chat/completions") == []
 
 
+def test_a_body_with_far_too_many_messages_is_refused_before_it_is_parsed(
+    gw: InProcessGateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """#48: parsing 1M messages (28 MiB) held the worker's event loop for most of a second even
+    on a thread (``json.loads`` holds the GIL); a count of the body's ``"role"`` keys refuses it
+    first."""
+    from abstract_client.gateway import body as gateway_body
+
+    read: list[int] = []
+    real = gateway_body.json_depth
+    monkeypatch.setattr(gateway_body, "json_depth", lambda raw: read.append(len(raw)) or real(raw))
+    many = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}] * 200_000}).encode()
+    answer = httpx.post(
+        gw.url + "/v1/chat/completions", content=many, headers={"content-type": "application/json"}, timeout=60
+    )
+    assert answer.status_code == 400 and "at most 10000 messages" in answer.text, answer.text[:200]
+    assert read == [], "the body was read past the count"
+
+
 def test_request_checks_are_bounded_in_count_and_size(gw: InProcessGateway) -> None:
     """#48: 100k tools (each a JSON-schema check) held a worker's loop for minutes; 1M messages
     for 7 s. Past the caps, a typed 400 at once."""
     tool = {"type": "function", "function": {"name": "t", "parameters": {"type": "object"}}}
     many_tools = [{**tool, "function": {**tool["function"], "name": f"t{i}"}} for i in range(300)]
     for body in (
-        {"model": "m", "messages": [{"role": "user", "content": "x"}] * 200_000},
+        {"model": "m", "messages": [{"role": "user", "content": "x"}] * 15_000},  # parsed, then refused
         {"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": many_tools},  # ~25 KB
         {"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [tool] * 20_000},  # ~1.5 MB
         {

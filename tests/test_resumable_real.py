@@ -129,9 +129,15 @@ def test_a_stop_pressed_while_the_network_is_down_lands_when_it_is_back(llama: L
             thread = threading.Thread(target=run)
             thread.start()
             assert wait_until(lambda: proxy.refused >= 2, 15)  # cut, and the resume is knocking
+            cancels = llm.provider._cancels  # type: ignore[attr-defined]
+            tried = cancels.attempts
             event.set()
             thread.join(10)
             assert isinstance(out.get("error"), GenerationCancelledError), out
+            # the stop's DELETE was tried (and refused) before the network comes back: a second
+            # try is what lands it (the single try of a cancel sent late, from a cold loop
+            # thread, could land after the reopen and pass for the retry)
+            assert wait_until(lambda: cancels.attempts > tried, 15), "the stop's DELETE was never tried"
             assert any(s.get("is_processing") for s in llama.slots())  # nobody could tell it yet
             proxy.reopen()
             assert llama.wait_idle(10), "the stop never reached the server once the network was back"
