@@ -12,6 +12,7 @@ openai-python, httpx and this library's own ``wire="responses"`` lane.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -423,15 +424,22 @@ def test_the_librarys_resumable_stream_through_the_gateway_survives_cuts_and_sto
     assert last.tokens_sent < 100_000
 
 
-def test_workers_relay_a_background_response_to_the_worker_that_runs_it(
-    upstream: FakeOpenAIServer, tmp_path: Path
-) -> None:
+@contextlib.contextmanager
+def _two_workers(upstream: FakeOpenAIServer, tmp_path: Path) -> Iterator[tuple[GatewayProcess, dict[str, Any]]]:
+    """A gateway of two workers, and a long background response one of them runs."""
     args = ["-p", "openai-compatible", "-u", upstream.base_url, "-m", "fake-model", "--name", "m", "--workers", "2"]
     with GatewayProcess.launch(args, log_path=tmp_path / "gw.log") as gw:
         started = httpx.post(
             gw.url + "/v1/responses",
             json={"model": "m", "input": "x", "max_output_tokens": 100_000, "background": True},
         ).json()
+        yield gw, started
+
+
+def test_workers_relay_a_background_response_to_the_worker_that_runs_it(
+    upstream: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    with _two_workers(upstream, tmp_path) as (gw, started):
         assert started["id"].startswith(("resp_w0_", "resp_w1_"))
         statuses = set()
         for _ in range(12):  # new connections: the kernel spreads them over both workers
@@ -477,12 +485,7 @@ def test_workers_agree_on_reads_and_readers_of_a_dead_owner_get_an_error_event(
     import signal
 
     upstream.behavior.token_delay = 0.05
-    args = ["-p", "openai-compatible", "-u", upstream.base_url, "-m", "fake-model", "--name", "m", "--workers", "2"]
-    with GatewayProcess.launch(args, log_path=tmp_path / "gw.log") as gw:
-        started = httpx.post(
-            gw.url + "/v1/responses",
-            json={"model": "m", "input": "x", "max_output_tokens": 100_000, "background": True},
-        ).json()
+    with _two_workers(upstream, tmp_path) as (gw, started):
         url = f"{gw.url}/v1/responses/{started['id']}"
         for bad in ["-5", "-1000000", "\u0663", " 3", "1_0", "3.0", "x"]:
             for _ in range(6):  # fresh connections: both workers answer

@@ -5,6 +5,7 @@ contract — proven by the fake server's disconnect record."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -439,91 +440,74 @@ class _ReplayingServer:
         self.listener.close()
 
 
-@pytest.mark.parametrize("mode", ["ignores_starting_after", "sends_one_twice"])
-def test_a_resume_never_hands_out_an_event_twice(mode: str) -> None:
+@contextlib.contextmanager
+def _replaying(mode: str) -> Iterator[tuple[_ReplayingServer, LLM]]:
+    """A :class:`_ReplayingServer` and the Responses-wire lane in front of it."""
     server = _ReplayingServer(mode)
     try:
         with create_llm(
             "openai-compatible", "m", base_url=f"http://127.0.0.1:{server.port}/v1", wire="responses", max_retries=0
         ) as llm:
-            text = "".join(c.delta for c in llm.stream("x", resumable=True, resume_timeout=10))
-        assert text == "w1 w2 w3 w4 w5 w6 ", text
-        assert server.gets and "starting_after=3" in server.gets[0]
+            yield server, llm
     finally:
         server.close()
+
+
+@pytest.mark.parametrize("mode", ["ignores_starting_after", "sends_one_twice"])
+def test_a_resume_never_hands_out_an_event_twice(mode: str) -> None:
+    with _replaying(mode) as (server, llm):
+        text = "".join(c.delta for c in llm.stream("x", resumable=True, resume_timeout=10))
+        assert text == "w1 w2 w3 w4 w5 w6 ", text
+        assert server.gets and "starting_after=3" in server.gets[0]
 
 
 def test_a_stream_whose_events_carry_no_number_is_not_resumed_but_a_typed_error() -> None:
-    server = _ReplayingServer("unnumbered")
-    try:
-        with create_llm(
-            "openai-compatible", "m", base_url=f"http://127.0.0.1:{server.port}/v1", wire="responses", max_retries=0
-        ) as llm:
-            with pytest.raises(TransportError) as info:
-                for _ in llm.stream("x", resumable=True, resume_timeout=10):
-                    pass
+    with _replaying("unnumbered") as (server, llm):
+        with pytest.raises(TransportError) as info:
+            for _ in llm.stream("x", resumable=True, resume_timeout=10):
+                pass
         assert info.value.partial_text == "w1 w2 w3 "  # what came is kept, nothing replayed
         assert "sequence_number" in str(info.value)
         assert server.gets == []  # never asked: it would have replayed
-    finally:
-        server.close()
 
 
 @pytest.mark.parametrize("resumable", [False, True])
 def test_text_that_only_the_final_response_holds_is_handed_out(resumable: bool) -> None:
     """#48: a stream whose ``response.completed`` came before any delta returned "" although
     its ``response.output`` held the text."""
-    server = _ReplayingServer("text_only_in_completed")
-    try:
-        with create_llm(
-            "openai-compatible", "m", base_url=f"http://127.0.0.1:{server.port}/v1", wire="responses", max_retries=0
-        ) as llm:
-            chunks = list(llm.stream("x", resumable=resumable))
-            assert "".join(c.delta for c in chunks) == "hi"
-            assert chunks[-1].finish_reason == "stop"
-            assert llm.generate("x", resumable=resumable).content == "hi"
-    finally:
-        server.close()
+    with _replaying("text_only_in_completed") as (_, llm):
+        chunks = list(llm.stream("x", resumable=resumable))
+        assert "".join(c.delta for c in chunks) == "hi"
+        assert chunks[-1].finish_reason == "stop"
+        assert llm.generate("x", resumable=resumable).content == "hi"
 
 
 def test_resume_timeout_bounds_a_resume_that_is_never_answered() -> None:
     """#48: a resumed GET accepted and never answered held the caller past ``resume_timeout``
     (still waiting after 15 s with 2)."""
-    server = _ReplayingServer("silent_resume")
-    try:
-        with create_llm(
-            "openai-compatible", "m", base_url=f"http://127.0.0.1:{server.port}/v1", wire="responses", max_retries=0
-        ) as llm:
-            t0 = time.perf_counter()
-            with pytest.raises(TransportError) as info:
-                for _ in llm.stream("x", resumable=True, resume_timeout=2):
-                    pass
-            assert time.perf_counter() - t0 < 10  # 2 s, generously
-            assert info.value.partial_text == "w1 w2 w3 "
+    with _replaying("silent_resume") as (server, llm):
+        t0 = time.perf_counter()
+        with pytest.raises(TransportError) as info:
+            for _ in llm.stream("x", resumable=True, resume_timeout=2):
+                pass
+        assert time.perf_counter() - t0 < 10  # 2 s, generously
+        assert info.value.partial_text == "w1 w2 w3 "
         assert wait_until(lambda: len(server.closed_at) == len(server.gets), 10), "a resumed GET was left open"
-    finally:
-        server.close()
 
 
 def test_a_stop_during_a_resume_closes_the_resumed_connection() -> None:
     """#48: a Stop released the caller but the resumed connection was never closed (the server
     saw no close; "Task was destroyed but it is pending" at exit)."""
-    server = _ReplayingServer("silent_resume")
-    try:
-        with create_llm(
-            "openai-compatible", "m", base_url=f"http://127.0.0.1:{server.port}/v1", wire="responses", max_retries=0
-        ) as llm:
-            stop = threading.Event()
-            press = press_when(lambda: server.gets, stop.set)  # the resumed GET is held
-            with pytest.raises(GenerationCancelledError) as info:
-                for _ in llm.stream("x", resumable=True, resume_timeout=30, cancel_event=stop):
-                    pass
-            pressed = press.wait()
-            assert info.value.partial_text == "w1 w2 w3 "
-            assert wait_until(lambda: server.closed_at, 10), "the resumed connection was never closed"
-            assert server.closed_at[0] - pressed < 5
-    finally:
-        server.close()
+    with _replaying("silent_resume") as (server, llm):
+        stop = threading.Event()
+        press = press_when(lambda: server.gets, stop.set)  # the resumed GET is held
+        with pytest.raises(GenerationCancelledError) as info:
+            for _ in llm.stream("x", resumable=True, resume_timeout=30, cancel_event=stop):
+                pass
+        pressed = press.wait()
+        assert info.value.partial_text == "w1 w2 w3 "
+        assert wait_until(lambda: server.closed_at, 10), "the resumed connection was never closed"
+        assert server.closed_at[0] - pressed < 5
 
 
 @pytest.mark.anyio
@@ -552,27 +536,21 @@ def test_a_stop_severs_the_resumed_connection_while_the_loop_is_busy() -> None:
     connection no guard holds would close only once the loop could clean it up)."""
     from .helpers import HOLD_S, LoopHold
 
-    server = _ReplayingServer("silent_resume")
-    try:
-        with create_llm(
-            "openai-compatible", "m", base_url=f"http://127.0.0.1:{server.port}/v1", wire="responses", max_retries=0
-        ) as llm:
-            stop = threading.Event()
-            hold = LoopHold(HOLD_S)
+    with _replaying("silent_resume") as (server, llm):
+        stop = threading.Event()
+        hold = LoopHold(HOLD_S)
 
-            def press() -> None:
-                llm._portal.loop.call_soon_threadsafe(hold)  # type: ignore[attr-defined]
-                assert hold.started.wait(10)
-                stop.set()
+        def press() -> None:
+            llm._portal.loop.call_soon_threadsafe(hold)  # type: ignore[attr-defined]
+            assert hold.started.wait(10)
+            stop.set()
 
-            presser = press_when(lambda: server.gets, press)  # the resumed GET is held
-            with pytest.raises(GenerationCancelledError):
-                for _ in llm.stream("x", resumable=True, resume_timeout=30, cancel_event=stop):
-                    pass
-            pressed = presser.wait()
-            assert wait_until(lambda: server.closed_at, 5), "the resumed connection was not severed"
-            free_at = hold.wait_free()
-            assert server.closed_at[0] < free_at, "closed only once the loop was free: not severed"
-            assert server.closed_at[0] - pressed < 2
-    finally:
-        server.close()
+        presser = press_when(lambda: server.gets, press)  # the resumed GET is held
+        with pytest.raises(GenerationCancelledError):
+            for _ in llm.stream("x", resumable=True, resume_timeout=30, cancel_event=stop):
+                pass
+        pressed = presser.wait()
+        assert wait_until(lambda: server.closed_at, 5), "the resumed connection was not severed"
+        free_at = hold.wait_free()
+        assert server.closed_at[0] < free_at, "closed only once the loop was free: not severed"
+        assert server.closed_at[0] - pressed < 2
