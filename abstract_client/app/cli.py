@@ -56,7 +56,6 @@ def _add_backend(p: argparse.ArgumentParser) -> None:
 # In-process lanes whose model is a file or directory: what `abstract-client prepare TARGET`
 # makes is their default, when it is there (never prepared behind the user's back).
 _PREPARED = {"mlx": "smollm2-mlx", "transformers": "smollm2-hf", "gguf": "smollm2"}
-IN_PROCESS = frozenset(_PREPARED)
 
 
 class Usage(Exception):
@@ -64,25 +63,20 @@ class Usage(Exception):
 
 
 def _default_model(provider: str) -> str:
-    from .assets import SMOLLM2_MEMBER, cache_dir
+    from .assets import prepared
 
-    models = cache_dir() / "models"
-    path = {
-        "mlx": models / "SmolLM2-135M-Instruct-mlx" / ".complete",
-        "transformers": models / "SmolLM2-135M-Instruct-hf" / ".complete",
-        "gguf": models / Path(SMOLLM2_MEMBER).name,
-    }[provider]
-    if not path.exists():
+    path = prepared(_PREPARED[provider])
+    if path is None:
         raise Usage(
             f"-p {provider} needs a model: `abstract-client prepare {_PREPARED[provider]}` makes the default "
             "(SmolLM2-135M-Instruct), or pass -m PATH"
         )
-    return str(path.parent if path.name == ".complete" else path)
+    return str(path)
 
 
 def _llm(args: argparse.Namespace) -> LLM:
     model = args.model
-    if model is None and args.provider in IN_PROCESS:
+    if model is None and args.provider in _PREPARED:
         model = _default_model(args.provider)
     return create_llm(args.provider, model, base_url=args.base_url, api_key=args.api_key, timeout=args.timeout)
 

@@ -145,11 +145,7 @@ async def resumed_items(
             now = anyio.current_time()
             dropped_at = now if dropped_at is None else dropped_at
             if now - dropped_at >= resume_timeout:
-                raise TransportError(
-                    f"the stream dropped at {where(position)} and could not be resumed within {resume_timeout:g} s "
-                    f"({type(exc).__name__}: {exc})",
-                    provider=provider,
-                ) from exc
+                raise _unresumed(provider, where(position), resume_timeout, f"{type(exc).__name__}: {exc}") from exc
             log.info("%s: the stream dropped at %s (%s); resuming", provider, where(position), type(exc).__name__)
             if not await _pause(min(delay, max(0.0, dropped_at + resume_timeout - now)), token):
                 raise  # stopped in the pause: the contract makes it the stop
