@@ -8,13 +8,15 @@ shuts it down in ``close()``.
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import logging
 import threading
 import time
 import uuid
 import weakref
 from collections.abc import Awaitable, Callable
-from typing import Any, TypedDict, TypeVar, Unpack, cast
+from typing import Any, TypedDict, TypeVar, Unpack, cast, get_type_hints
 
 import anyio
 
@@ -83,12 +85,15 @@ class GenerateOptions(TypedDict, total=False):
             streaming wire (the server then notices a stop only at its next connection poll).
         model: another model than the LLM's, for this call.
         top_p, top_k, min_p, logit_bias, repetition_penalty, presence_penalty,
-            frequency_penalty: sampling fields every lane that has them honours (sent as they
-            are; ``logit_bias`` maps token ids to biases).
+            frequency_penalty, ignore_eos, min_tokens: sampling fields every lane that has them
+            honours (sent as they are; ``logit_bias`` maps token ids to biases).
         extra_body: fields merged into the request's JSON body as they are (as openai-python's
             ``extra_body``): what a server takes that no option here names.
-        extra: the same as ``extra_body`` (its older name; unknown keywords are treated the same
-            way at run time, but only these two are typed for them).
+        extra: the same as ``extra_body`` (its older name).
+
+    Any other keyword is a ``TypeError`` naming it, before anything is sent — unless the lane
+    declares it (``llm.provider.call_options``: LM Studio's ``native``, Ollama's ``options``,
+    vLLM's ``json_schema``, a fleet's ``session``, an in-process lane's ``prefill_step_size``).
         resumable: the answer outlives a dropped connection: the library reads on from where
             it was, and the caller sees one stream (lanes with ``resumable_streams``: llamacpp,
             vllm, and any lane with ``wire="responses"`` (a background response); others raise
@@ -116,15 +121,60 @@ class GenerateOptions(TypedDict, total=False):
     resume_timeout: float
     plain_wire: bool
     model: str | None
-    top_p: float
-    top_k: int
-    min_p: float
-    logit_bias: dict[int | str, float]
-    repetition_penalty: float
-    presence_penalty: float
-    frequency_penalty: float
-    extra_body: dict[str, Any]
-    extra: dict[str, Any]
+    top_p: float | None
+    top_k: int | None
+    min_p: float | None
+    logit_bias: dict[int | str, float] | None
+    repetition_penalty: float | None
+    presence_penalty: float | None
+    frequency_penalty: float | None
+    ignore_eos: bool | None
+    min_tokens: int | None
+    extra_body: dict[str, Any] | None
+    extra: dict[str, Any] | None
+
+
+OPTION_NAMES = frozenset(GenerateOptions.__annotations__)
+# what a keyword-only option defaults to in the methods' signatures (None when not listed)
+_DEFAULTS: dict[str, Any] = {"raw": False, "resumable": False, "resume_timeout": 30.0, "plain_wire": False}
+
+
+def _unknown_keywords(method: str, given: Any, provider: Provider) -> TypeError | None:
+    """The ``TypeError`` for keywords neither :class:`GenerateOptions` nor the lane names (a
+    typo such as ``max_token=3`` was sent to the server, and ``max_tokens`` never applied)."""
+    unknown = sorted(set(given) - OPTION_NAMES - set(provider.call_options))
+    if not unknown:
+        return None
+    name = unknown[0]
+    known = sorted(OPTION_NAMES | set(provider.call_options))
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    lane = (
+        f"the {provider.name} lane also takes {', '.join(f'{k}=' for k in sorted(provider.call_options))}"
+        if provider.call_options
+        else f"the {provider.name} lane takes no options of its own"
+    )
+    return TypeError(
+        f"{method}() got an unexpected keyword argument {name!r}{hint}; {lane}; a field for the server's "
+        f"request body goes in extra_body={{{name!r}: ...}}"
+    )
+
+
+def with_option_signature(fn: Callable[..., T]) -> Callable[..., T]:
+    """Give ``fn`` (``prompt, **options: Unpack[GenerateOptions]``) a signature listing every
+    option as a keyword-only parameter, built from :class:`GenerateOptions` — the one definition
+    the four generation methods share — so ``help()``, ``inspect.signature`` and IDEs show them.
+    The lane's own options stay behind ``**lane_options``."""
+    sig = inspect.signature(fn)
+    hints = get_type_hints(GenerateOptions)
+    head = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    options = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=_DEFAULTS.get(name), annotation=hints[name])
+        for name in GenerateOptions.__annotations__
+    ]
+    lane = inspect.Parameter("lane_options", inspect.Parameter.VAR_KEYWORD, annotation=Any)
+    fn.__signature__ = sig.replace(parameters=[*head, *options, lane])  # type: ignore[attr-defined]
+    return fn
 
 
 def _body_fields(options: dict[str, Any], name: str) -> dict[str, Any]:
@@ -205,12 +255,15 @@ class LLM:
         ``TypeError`` or ``ValueError`` — and send nothing. For a caller that must refuse a
         request before it answers (the gateway's background responses answer 200 before they
         run)."""
-        self._call(prompt, cast(GenerateOptions, options))
+        self._call(prompt, cast(GenerateOptions, options), "generate")
 
-    def _call(self, prompt: str | None, options: GenerateOptions) -> Call:
+    def _call(self, prompt: str | None, options: GenerateOptions, method: str) -> Call:
         """The one constructor of a generation call, shared by the four generation methods:
         every option is checked here, before anything is held or sent."""
         self._ensure_open()
+        unknown = _unknown_keywords(method, options, self.provider)
+        if unknown is not None:
+            raise unknown
         extra: dict[str, Any] = dict(options)
         messages: list[Message] | None = extra.pop("messages", None)
         system: str | None = extra.pop("system", None)
@@ -298,6 +351,7 @@ class LLM:
 
     # -- generation ---------------------------------------------------------------------------
 
+    @with_option_signature
     def generate(self, prompt: str | None = None, **options: Unpack[GenerateOptions]) -> GenerateResult:
         """Generate a whole answer, blocking this thread (the call runs on the LLM's loop thread).
 
@@ -323,16 +377,18 @@ class LLM:
             OutputValidationError: the answer does not match ``response_format`` or the tools.
             TypeError, ValueError: a wrong argument; nothing was sent.
         """
-        call = self._call(prompt, options)
+        call = self._call(prompt, options, "generate")
         return self._portal.run(lambda: run_generation(call), call=call)
 
+    @with_option_signature
     async def agenerate(self, prompt: str | None = None, **options: Unpack[GenerateOptions]) -> GenerateResult:
         """:meth:`generate` for async code (asyncio or trio). Cancelling the task stops the call
         and re-raises the framework's own cancellation unchanged. Same arguments, result and
         errors."""
-        call = self._call(prompt, options)
+        call = self._call(prompt, options, "agenerate")
         return await run_generation(call)
 
+    @with_option_signature
     def stream(self, prompt: str | None = None, **options: Unpack[GenerateOptions]) -> SyncGenerationStream:
         """Stream the answer as :class:`StreamChunk` s, from this thread.
 
@@ -350,13 +406,14 @@ class LLM:
         Raises:
             The errors of :meth:`generate`, from the ``next()`` where they happen.
         """
-        call = self._call(prompt, options)
+        call = self._call(prompt, options, "stream")
         return SyncGenerationStream(GenerationStream(call), self._portal, owner=self)
 
+    @with_option_signature
     def astream(self, prompt: str | None = None, **options: Unpack[GenerateOptions]) -> GenerationStream:
         """:meth:`stream` for async code: an async iterator of chunks that is also an async
         context manager (``aclose()`` or leaving the block stops the generation at once)."""
-        call = self._call(prompt, options)
+        call = self._call(prompt, options, "astream")
         return GenerationStream(call)
 
     # -- embeddings and tokens ------------------------------------------------------------------

@@ -11,9 +11,10 @@ between prefill chunks — and counts what it computed (the evidence a stop is j
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 import httpx
@@ -162,6 +163,10 @@ class Provider(abc.ABC):
     # read on from where it dropped; a stop calls the server's own cancel route as well)
     resumable_streams: bool = False
     default_embed_batch_size: int = 32  # inputs per embeddings request (client-side batching)
+    # The per-call keywords this lane takes beyond ``GenerateOptions`` (name -> what it does).
+    # Any other keyword is a TypeError before anything is sent: a typo never travels to the
+    # server (a field for the body goes in ``extra_body={...}``).
+    call_options: Mapping[str, str] = MappingProxyType({})
 
     def __init__(self, *, model: str | None, clients: HttpClients | None = None) -> None:
         self.model = model

@@ -25,6 +25,7 @@ import ctypes
 import logging
 import time
 from collections.abc import Callable
+from types import MappingProxyType
 from typing import Any
 
 from abstract_client.provider import UnloadReport
@@ -46,6 +47,12 @@ class GGUFProvider(EngineProvider):
     """The ``gguf`` lane: llama.cpp in this process (see the module docstring)."""
 
     name = "gguf"
+    call_options = MappingProxyType(
+        {
+            "n_batch": "prompt tokens per prefill decode (a stop is checked between them)",
+            "repetition_context_size": "how many recent tokens the repetition penalty looks at",
+        }
+    )
     handle: GGUFModel
     model_is_file = True
     default_embed_batch_size = 16

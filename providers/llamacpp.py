@@ -57,6 +57,7 @@ class LlamaCppProvider(OpenAICompatibleProvider):
     models_path = "/v1/models"
     ready_path = "/health"
     embeddings_path = "/v1/embeddings"  # the server must run with --embeddings (and a --pooling)
+    api_base = staticmethod(server_root)  # native routes (/slots, /tokenize) live beside /v1
 
     def __init__(self, *, base_url: str | None = None, headers: dict[str, str] | None = None, **kw: Any) -> None:
         if headers and _FORBIDDEN_HEADERS & {h.lower() for h in headers}:
@@ -64,8 +65,7 @@ class LlamaCppProvider(OpenAICompatibleProvider):
                 "X-Conversation-Id makes llama-server keep generating after a stop; it is refused "
                 "(resumable=True sends its own, and stops it with DELETE /v1/stream)"
             )
-        root = server_root(base_url or self.default_base_url)
-        super().__init__(base_url=root, headers=headers, **kw)
+        super().__init__(base_url=base_url, headers=headers, **kw)
         self._router: bool | None = None
         self._tool_calls: bool | None = None
         self._vision: bool | None = None

@@ -18,6 +18,7 @@ for native features (``native=True``, or ``reasoning=...``); ``wire="responses"`
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
+from types import MappingProxyType
 from typing import Any
 
 import httpx
@@ -38,15 +39,13 @@ class LMStudioProvider(OpenAICompatibleProvider):
 
     name = "lmstudio"
     complete_over_stream = True  # a stop reaches the server at its next token write
+    call_options = MappingProxyType({"native": "True: LM Studio's native /api/v1/chat route (one input, reasoning)"})
     default_base_url = "http://127.0.0.1:1234"
     chat_path = "/v1/chat/completions"
     models_path = "/v1/models"
     ready_path = "/v1/models"
     embeddings_path = "/v1/embeddings"
-
-    def __init__(self, *, base_url: str | None = None, **kw: Any) -> None:
-        root = server_root(base_url or self.default_base_url)
-        super().__init__(base_url=root, **kw)
+    api_base = staticmethod(server_root)  # the native /api/v1 routes live beside /v1
 
     def wants_native(self, request: GenerationRequest) -> bool:
         """The native route for ``native=True``, and for ``reasoning=`` on a plain chat (it has

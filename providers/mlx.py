@@ -32,6 +32,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from types import MappingProxyType
 from typing import Any
 
 from abstract_client.errors import (
@@ -56,6 +57,9 @@ class MLXProvider(EngineProvider):
     """The ``mlx`` lane: mlx-lm (and mlx-vlm) in this process (see the module docstring)."""
 
     name = "mlx"
+    call_options = MappingProxyType(
+        {"prefill_step_size": "prompt tokens per prefill chunk (a stop is checked between)"}
+    )
     handle: MLXModel
     default_embed_batch_size = 16
 

@@ -22,6 +22,7 @@ import json
 import uuid
 from collections.abc import AsyncGenerator
 from dataclasses import replace
+from types import MappingProxyType
 from typing import Any
 
 import anyio
@@ -80,8 +81,20 @@ class OllamaProvider(OpenAICompatibleProvider):
 
     name = "ollama"
     complete_over_stream = True  # a stop reaches the server at its next token write
+    call_options = MappingProxyType(
+        {
+            "options": "Ollama's native options object (merged under the sampling fields)",
+            "num_ctx": "the context length for this call (native route)",
+            "repeat_penalty": "Ollama's repetition penalty (native route)",
+            "keep_alive": "how long the server keeps the model loaded after the call",
+            "truncate": "whether the server may truncate a too-long input",
+            "suffix": "text after the insertion point (raw completions)",
+            "template": "a prompt template replacing the model's",
+        }
+    )
     default_base_url = "http://127.0.0.1:11434"
     chat_path = "/v1/chat/completions"
+    api_base = staticmethod(server_root)  # the native /api routes live beside /v1
     models_path = "/v1/models"
     ready_path = "/"
     embeddings_path = "/v1/embeddings"
@@ -89,8 +102,7 @@ class OllamaProvider(OpenAICompatibleProvider):
     def __init__(
         self, *, base_url: str | None = None, use_openai_api: bool = False, unload_poll_timeout: float = 30.0, **kw: Any
     ) -> None:
-        root = server_root(base_url or self.default_base_url)
-        super().__init__(base_url=root, **kw)
+        super().__init__(base_url=base_url, **kw)
         self.use_openai_api = use_openai_api or self.wire == "responses"  # both are the /v1 wire code
         self.unload_poll_timeout = unload_poll_timeout
 

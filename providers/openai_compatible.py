@@ -61,6 +61,18 @@ def server_root(base_url: str) -> str:
     return root[: -len("/v1")] if root.endswith("/v1") else root
 
 
+def v1_base(base_url: str) -> str:
+    """Where a ``/v1`` server's routes live, from what a user may pass for it: a bare server
+    root (no path) means its ``/v1``, as on every local server; a URL with a path is taken as
+    written (a hosted API's ``https://host/openai/v1``)."""
+    base = base_url.rstrip("/")
+    try:
+        bare = not httpx.URL(base).path.strip("/")
+    except (httpx.InvalidURL, TypeError):  # HttpClients refuses it, with the reason
+        return base_url
+    return base + "/v1" if bare else base
+
+
 def usage_from(obj: Any) -> Usage | None:
     """A ``Usage`` from an OpenAI ``usage`` object (with llama-server's and vLLM's cached-token
     fields)."""
@@ -301,9 +313,16 @@ class OpenAICompatibleProvider(Provider):
     models_path = "/models"
     ready_path = "/models"
     embeddings_path = "/embeddings"
+    # Every /v1 server streams: a non-streaming call rides the stream, so a stop keeps the partial
+    # text and the server hears it at its next token write. One that answers ``stream: true`` with
+    # a JSON body is moved to the plain route at its first call (contract/run.py).
+    complete_over_stream = True
     # True: the server takes a response's id from the request (vLLM's ``request_id``), so a stop
     # that comes before its first event still knows what to cancel
     names_responses: bool = False
+    # The URL the lane's routes are relative to, from the user's ``base_url`` (every HTTP lane
+    # takes the server's root or its ``/v1``: docs/index.md's table)
+    api_base = staticmethod(v1_base)
 
     def __init__(
         self,
@@ -328,7 +347,10 @@ class OpenAICompatibleProvider(Provider):
         super().__init__(
             model=model,
             clients=HttpClients(
-                base_url or self.default_base_url, headers=all_headers, connect_timeout=connect_timeout, network=network
+                self.api_base(base_url or self.default_base_url),
+                headers=all_headers,
+                connect_timeout=connect_timeout,
+                network=network,
             ),
         )
         if wire not in WIRES:
@@ -338,7 +360,7 @@ class OpenAICompatibleProvider(Provider):
         self.resumable_streams = self.resumable_streams or wire == "responses"
         self._cancels = ServerCancels(self.clients)  # the server's own cancel, for a stop
         self.extra_body = dict(extra_body or {})  # fields sent in every request body (create_llm(extra_body=))
-        if complete_over_stream is not None:  # per instance: unknown /v1 servers default to plain
+        if complete_over_stream is not None:  # per instance (False: every generate() on the plain route)
             self.complete_over_stream = complete_over_stream
 
     def chat_body(self, request: GenerationRequest, *, stream: bool) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from types import MappingProxyType
 from typing import Any
 
 from abstract_client.provider import UnloadReport
@@ -47,6 +48,9 @@ class TransformersProvider(EngineProvider):
     """The ``transformers`` lane: Hugging Face transformers in this process (see the module docstring)."""
 
     name = "transformers"
+    call_options = MappingProxyType(
+        {"prefill_step_size": "prompt tokens per prefill chunk (a stop is checked between)"}
+    )
     handle: HFModel
     default_embed_batch_size = 16
 

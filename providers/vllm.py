@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
+from types import MappingProxyType
 from typing import Any
 
 from abstract_client.errors import NotSupportedError, ProviderProtocolError
@@ -28,7 +29,7 @@ from abstract_client.http.wire import json_body, poll_until_ready
 from abstract_client.provider import CallContext, Completion, UnloadReport
 from abstract_client.types import GenerationRequest, StreamChunk
 
-from .openai_compatible import OpenAICompatibleProvider, openai_sse_chunks, sampling_fields, usage_from
+from .openai_compatible import OpenAICompatibleProvider, openai_sse_chunks, sampling_fields, server_root, usage_from
 
 
 class VLLMProvider(OpenAICompatibleProvider):
@@ -40,14 +41,13 @@ class VLLMProvider(OpenAICompatibleProvider):
     # server needs VLLM_ENABLE_RESPONSES_API_STORE=1), named by our request_id
     resumable_streams = True
     names_responses = True
+    api_base = staticmethod(lambda url: server_root(url) + "/v1")  # /tokenize, /health beside /v1
+    call_options = MappingProxyType({"json_schema": "a JSON schema for the answer (vLLM's guided decoding)"})
     default_base_url = "http://127.0.0.1:8000/v1"
 
     def __init__(self, *, base_url: str | None = None, **kw: Any) -> None:
-        base = (base_url or self.default_base_url).rstrip("/")
-        if not base.endswith("/v1"):
-            base += "/v1"
-        super().__init__(base_url=base, **kw)
-        self.root = base[: -len("/v1")]
+        super().__init__(base_url=base_url, **kw)
+        self.root = server_root(self.clients.base_url if self.clients else "")
 
     def _extra(self, request: GenerationRequest) -> dict[str, Any]:
         extra = dict(request.extra)

@@ -6,7 +6,9 @@ refuses with a 400 a chat body that:
 * names in ``tool_choice`` a function that is not in ``tools``, or asks for ``"required"`` with
   no tools, or names two tools alike;
 * answers with a ``tool`` message a call no earlier message made, or carries a tool call whose
-  ``arguments`` are not JSON text.
+  ``arguments`` are not JSON text;
+* gives a tool ``parameters`` that are an object but not a JSON Schema (``{"if": []}``: the
+  document says "an object"; the metaschema is not repeated in it).
 
 Before such a body is sent it is made consistent (``tool_choice`` becomes ``"none"``, a second
 name is suffixed, the stray tool answer a user message, the arguments ``"{}"``): still valid by
@@ -20,6 +22,19 @@ import json
 from typing import Any
 
 import schemathesis
+
+from abstract_client.output.structured import _check_schema
+
+
+def _valid_schema(parameters: Any) -> Any:
+    """``parameters`` if it is a JSON Schema the gateway takes, else the smallest one."""
+    if not isinstance(parameters, dict):
+        return parameters
+    try:
+        _check_schema(parameters)
+    except (ValueError, TypeError):
+        return {"type": "object"}
+    return parameters
 
 
 def _function_names(tools: Any) -> set[str]:
@@ -43,6 +58,8 @@ def make_consistent(body: Any) -> None:
     seen: set[Any] = set()
     for i, tool in enumerate(body.get("tools") if isinstance(body.get("tools"), list) else []):
         function = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(function, dict) and "parameters" in function:
+            function["parameters"] = _valid_schema(function["parameters"])
         if isinstance(function, dict) and isinstance(function.get("name"), str):
             if function["name"] in seen:
                 function["name"] = f"{function['name']}_{i}"
@@ -75,6 +92,8 @@ def make_response_consistent(body: Any) -> None:
     tools = body.get("tools") if isinstance(body.get("tools"), list) else []
     names: set[Any] = set()
     for i, tool in enumerate(tools):
+        if isinstance(tool, dict) and "parameters" in tool:
+            tool["parameters"] = _valid_schema(tool["parameters"])
         if isinstance(tool, dict) and isinstance(tool.get("name"), str):
             if tool["name"] in names:
                 tool["name"] = f"{tool['name']}_{i}"

@@ -196,7 +196,7 @@ def test_no_setting_or_credential_reaches_a_request_body(tmp_path: Path) -> None
         ) as llm:
             llm.generate("hi", max_tokens=2)
         record = server.requests("/v1/chat/completions")[0]
-    assert set(record.body) == {"model", "messages", "stream", "max_tokens", "top_k"}
+    assert set(record.body) == {"model", "messages", "stream", "stream_options", "max_tokens", "top_k"}
     assert record.body["top_k"] == 3
     for secret in ("sk-secret", str(ca), "trust_env", "verify"):
         assert secret not in json.dumps(record.body)

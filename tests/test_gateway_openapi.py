@@ -49,6 +49,23 @@ def test_the_document_lists_exactly_the_routes(gateway: InProcessGateway) -> Non
     assert documented == served
 
 
+def test_the_guides_endpoints_table_is_the_document() -> None:
+    """docs/gateway.md's endpoints table names exactly the routes /openapi.json describes (the
+    ``--ui`` page included), one row per method and path."""
+    import re
+    from pathlib import Path
+
+    from abstract_client.gateway.openapi import openapi_document
+
+    guide = (Path(__file__).resolve().parent.parent / "docs" / "gateway.md").read_text()
+    table = guide.split("| route | what |", 1)[1].split("\n\n", 1)[0]
+    rows = re.findall(r"^\| `(GET|POST) (/[^`]*)` \|", table, re.M)
+    document = openapi_document(ui=True)
+    documented = sorted((m.upper(), path) for path, ops in document["paths"].items() for m in ops)
+    assert sorted(rows) == documented
+    assert len(rows) == len(set(rows)) == table.count("\n| `")
+
+
 def test_schemathesis_every_check_passes(gateway: InProcessGateway) -> None:
     """Every check: no 5xx; what the document refuses is refused and what it allows is taken;
     every answer, JSON or each server-sent event, is what the document says. What a schema

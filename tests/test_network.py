@@ -229,9 +229,11 @@ def test_https_goes_through_a_connect_tunnel(proxy: Tinyproxy, tls: Nginx, certs
 
 def test_a_connect_the_proxy_refuses_is_typed(proxy: Tinyproxy, certs: Certificates) -> None:
     dead = f"https://127.0.0.1:{socket_port_nobody_listens_on()}/v1"
-    with create_llm("openai-compatible", "m", base_url=dead, proxy=proxy.url(), verify=str(certs.ca_pem)) as llm:
+    with create_llm(
+        "openai-compatible", "m", base_url=dead, max_retries=0, proxy=proxy.url(), verify=str(certs.ca_pem)
+    ) as llm:
         with pytest.raises(Exception) as info:
-            llm.generate("hi", max_retries=0)
+            llm.generate("hi")
     # tinyproxy answers a CONNECT it cannot complete with 500: the proxy refused, nothing was sent
     assert isinstance(info.value, (ProxyError, ConnectionError)), repr(info.value)
     assert "127.0.0.1" in str(info.value)

@@ -17,6 +17,7 @@ import anyio
 
 from .. import telemetry
 from ..errors import ProviderProtocolError
+from ..http.wire import StreamRefusedError
 from ..provider import Completion
 from ..stopping.token import InflightRegistry, StopToken
 from ..types import GenerateResult, GenerationRequest, StreamChunk, Timeout, Timings
@@ -107,9 +108,26 @@ async def complete(call: Call) -> Completion:
     provider, request = call.provider, call.wire_request
     progress = call.progress
     if provider.plain_route and not request.resumable and (not provider.complete_over_stream or request.plain_wire):
-        progress.assembled = False
+        progress.assembled, progress.plain_route = False, True
         return await provider.complete(request, call.ctx)
+    try:
+        return await _complete_over_stream(call)
+    except StreamRefusedError:
+        if not provider.plain_route or request.resumable or progress.text:
+            raise
+    # A server that answers ``stream: true`` with one JSON body: this lane's calls take its plain
+    # route from now on (a stop then cannot keep the partial text: stop_error says so).
+    log.warning("%s: the server does not stream; generate() uses its plain route", provider.name)
+    provider.complete_over_stream = False
+    progress.assembled, progress.plain_route = False, True
+    return await provider.complete(request, call.ctx)
+
+
+async def _complete_over_stream(call: Call) -> Completion:
+    provider, request = call.provider, call.wire_request
+    progress = call.progress
     progress.restart()
+    progress.plain_route = False
     progress.assembled = True
     last: StreamChunk | None = None
     source = provider.stream(request, call.ctx)

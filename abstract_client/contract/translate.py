@@ -114,8 +114,10 @@ def stop_error(call: Call) -> GenerationCancelledError:
     """The stop, as the caller sees it (rule 8 attached)."""
     token = call.token
     elapsed = None if token.stopped_at is None else (time.perf_counter() - token.stopped_at) * 1000
+    plain = call.progress.plain_route and not call.progress.text
     err = GenerationCancelledError(
-        f"generation stopped ({token.reason})",
+        f"generation stopped ({token.reason})"
+        + ("; the call took the server's plain route, so no partial text was received" if plain else ""),
         reason=token.reason or "user",
         cancel_to_stop_ms=elapsed,
         signal_reason=token.signal_reason,

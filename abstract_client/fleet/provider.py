@@ -92,6 +92,11 @@ class FleetProvider(Provider):
         for member in self.members:
             member.health.on_down = self.prober.wake
         self.default_embed_batch_size = min(m.llm.provider.default_embed_batch_size for m in members)
+        # the fleet's own key, and every member lane's (a member that does not know one ignores it)
+        self.call_options = {
+            **{k: v for m in members for k, v in m.llm.provider.call_options.items()},
+            "session": "a conversation key: calls with the same session go to the same member (never sent upstream)",
+        }
         self._served: OrderedDict[str, str] = OrderedDict()
         self._running: dict[str, list[Attempt]] = {}
         self._first_chunk_s: deque[float] = deque(maxlen=500)

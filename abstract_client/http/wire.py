@@ -21,6 +21,11 @@ from .sse import SSEDecoder, SSEEvent
 MAX_ERROR_BODY = 64 * 1024
 
 
+class StreamRefusedError(ProviderProtocolError):
+    """A stream was asked for and the server answered one JSON body (it does not stream). A
+    non-streaming call then falls back to the lane's plain route (``contract.run.complete``)."""
+
+
 async def expect_stream(resp: httpx.Response) -> None:
     """Before decoding a streamed answer: raise the typed error for a non-2xx status, and for a
     JSON body where a stream was asked for — servers answer some errors that way under HTTP 200
@@ -34,7 +39,7 @@ async def expect_stream(resp: httpx.Response) -> None:
     body = decode_json_body(raw)
     text = raw.decode("utf-8", "replace")
     if resp.status_code < 300 and parse_error_body(body) is None:
-        raise ProviderProtocolError(f"expected a stream, got a JSON body: {text[:200]!r}")
+        raise StreamRefusedError(f"expected a stream, got a JSON body (the server does not stream): {text[:200]!r}")
     raise error_from_response(resp.status_code, body, headers=resp.headers, text=text)
 
 

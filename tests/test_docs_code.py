@@ -1,0 +1,259 @@
+"""Docs are code: every ```python block in README.md and docs/ runs here, as written.
+
+A page's blocks run in order in one namespace (a later block may use an earlier one's names, as
+a reader does). A block that talks to a server gets one: the bundled fake for the lane, or a
+real llama-server where the page's point is the server's own behaviour (tools, resumable
+streams, embeddings). Only addresses and file paths are substituted — the documented
+``http://127.0.0.1:8080`` becomes the fake's port — and a lane's default address (a block that
+passes none) is the fake's. Functions a block defines named ``test_*`` are called afterwards.
+A page whose blocks have no stage here fails: a new page cannot slip past.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from abstract_client.testing import FakeOllamaServer, FakeOpenAIServer
+
+from .helpers import launch_llama_server
+
+ROOT = Path(__file__).resolve().parent.parent
+FENCE = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
+
+
+def fenced_python(text: str) -> list[tuple[int, str]]:
+    """``(line, code)`` of each ```python block of a Markdown text."""
+    return [(text[: m.start()].count("\n") + 2, m.group(1)) for m in FENCE.finditer(text)]
+
+
+def python_blocks(page: Path) -> list[tuple[int, str]]:
+    return fenced_python(page.read_text())
+
+
+def pages_with_code() -> list[str]:
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    return [str(p.relative_to(ROOT)) for p in pages if python_blocks(p)]
+
+
+@dataclass
+class Stage:
+    """What a page's blocks run against: text substitutions (the documented address -> the
+    real one) and the lanes' default addresses."""
+
+    replace: dict[str, str] = field(default_factory=dict)
+    defaults: dict[str, str] = field(default_factory=dict)  # lane class path -> base URL
+    env: dict[str, str] = field(default_factory=dict)
+
+
+StageFactory = Callable[[pytest.TempPathFactory, Path], contextlib.AbstractContextManager[Stage]]
+STAGES: dict[str, StageFactory] = {}
+
+
+def stage(*pages: str) -> Callable[[StageFactory], StageFactory]:
+    def register(factory: StageFactory) -> StageFactory:
+        for page in pages:
+            STAGES[page] = factory
+        return factory
+
+    return register
+
+
+@contextlib.contextmanager
+def _fake(**behavior: Any) -> Iterator[FakeOpenAIServer]:
+    with FakeOpenAIServer(**behavior) as server:
+        yield server
+
+
+@stage("README.md", "docs/index.md", "docs/cancellation.md", "docs/writing-a-lane.md", "docs/testing.md")
+@contextlib.contextmanager
+def _one_fake(tmp: pytest.TempPathFactory, home: Path) -> Iterator[Stage]:
+    """A llama-server-like fake at the documented address (10 ms a token: a Stop pressed after
+    a second lands mid-answer)."""
+    with _fake(token_delay=0.01) as server:
+        root = server.base_url.removesuffix("/v1")
+        yield Stage(
+            replace={"http://127.0.0.1:8080": root},
+            defaults={"providers.llamacpp.LlamaCppProvider": root},
+        )
+
+
+@stage("docs/fleet.md")
+@contextlib.contextmanager
+def _three_fakes(tmp: pytest.TempPathFactory, home: Path) -> Iterator[Stage]:
+    with _fake() as a, _fake() as b, _fake() as c:
+        yield Stage(
+            replace={
+                "http://a:8080": a.base_url.removesuffix("/v1"),
+                "http://b:8080": b.base_url.removesuffix("/v1"),
+                "http://c:8080": c.base_url.removesuffix("/v1"),
+                "http://gpu-box:8000/v1": c.base_url,
+            }
+        )
+
+
+@stage("docs/images.md")
+@contextlib.contextmanager
+def _ollama(tmp: pytest.TempPathFactory, home: Path) -> Iterator[Stage]:
+    """Ollama and llama-server fakes at their default addresses; a screenshot on the Desktop."""
+    from PIL import Image
+
+    (home / "Desktop").mkdir()
+    Image.new("RGB", (64, 48), "red").save(home / "Desktop" / "screenshot.png")
+    with FakeOllamaServer(token_delay=0.0, models={"llava": True}) as ollama, _fake() as llama:
+        yield Stage(
+            defaults={
+                "providers.ollama.OllamaProvider": ollama.base_url,
+                "providers.llamacpp.LlamaCppProvider": llama.base_url.removesuffix("/v1"),
+            }
+        )
+
+
+@stage("docs/network.md")
+@contextlib.contextmanager
+def _company_network(tmp: pytest.TempPathFactory, home: Path) -> Iterator[Stage]:
+    """The company's CA and the user's client certificate, made here (create_llm reads them)."""
+    trustme = pytest.importorskip("trustme")
+    ca = trustme.CA()
+    me = ca.issue_cert("me@corp.example")
+    d = tmp.mktemp("ssl")
+    ca.cert_pem.write_to_path(str(d / "corp-ca.pem"))
+    me.cert_chain_pems[0].write_to_path(str(d / "me.pem"))
+    me.private_key_pem.write_to_path(str(d / "me.key"))
+    yield Stage(replace={f"/etc/ssl/{n}": str(d / n) for n in ("corp-ca.pem", "me.pem", "me.key")})
+
+
+@stage("docs/observability.md")
+@contextlib.contextmanager
+def _nothing(tmp: pytest.TempPathFactory, home: Path) -> Iterator[Stage]:
+    yield Stage()
+
+
+@stage("docs/gateway.md")
+@contextlib.contextmanager
+def _gateway(tmp: pytest.TempPathFactory, home: Path) -> Iterator[Stage]:
+    """A real gateway (in this process) in front of a llama-server fake, at the documented
+    address."""
+    from abstract_client.gateway.config import BackendConfig, GatewayConfig
+    from abstract_client.testing.gateway import InProcessGateway
+
+    with _fake(token_delay=0.01) as upstream:
+        config = GatewayConfig(
+            backends=[BackendConfig(name="smollm2", provider="llamacpp", base_url=upstream.base_url)]
+        )
+        with InProcessGateway(config) as gw:
+            yield Stage(replace={"http://127.0.0.1:8000": gw.url})
+
+
+@stage("docs/embeddings.md")
+@contextlib.contextmanager
+def _llama_embeddings(tmp: pytest.TempPathFactory, home: Path) -> Iterator[Stage]:
+    server = launch_llama_server(tmp, "docs-embeddings", extra=["--embeddings", "--pooling", "mean"])
+    try:
+        yield Stage(replace={"http://127.0.0.1:8080": server.url})
+    finally:
+        server.stop()
+
+
+@stage("docs/tools-and-structured-output.md", "docs/resumable.md")
+@contextlib.contextmanager
+def _llama(tmp: pytest.TempPathFactory, home: Path) -> Iterator[Stage]:
+    server = launch_llama_server(tmp, "docs-llama", extra=["--jinja"])
+    try:
+        yield Stage(replace={"http://127.0.0.1:8080": server.url})
+    finally:
+        server.stop()
+
+
+def run_blocks(label: str, blocks: list[tuple[int, str]], replace: dict[str, str]) -> dict[str, Any]:
+    """Run ``blocks`` in order in one namespace (addresses substituted), then every ``test_*``
+    function they defined; an exception fails the page, with the block's line in its traceback."""
+    namespace: dict[str, Any] = {"__name__": f"docs_{Path(label).stem.replace('-', '_')}"}
+    for line, code in blocks:
+        for documented, real in replace.items():
+            code = code.replace(documented, real)
+        exec(compile(code, f"{label}:{line}", "exec"), namespace)  # the docs' own code
+    for name, value in list(namespace.items()):
+        if name.startswith("test_") and callable(value):
+            value()
+    return namespace
+
+
+def test_a_block_that_fails_fails_its_page() -> None:
+    page = "Intro\n\n```python\nx = 1\n```\n\n```python\ndef test_x():\n    assert x == 2\n```\n"
+    blocks = [(line, code) for line, code in fenced_python(page)]
+    assert [code for _, code in blocks] == ["x = 1\n", "def test_x():\n    assert x == 2\n"]
+    with pytest.raises(AssertionError):
+        run_blocks("page.md", blocks, {})
+    assert run_blocks("page.md", [(3, "y = 'http://127.0.0.1:8080'\n")], {"http://127.0.0.1:8080": "X"})["y"] == "X"
+
+
+def _class(path: str) -> Any:
+    module, _, name = path.rpartition(".")
+    return getattr(__import__(f"abstract_client.{module}", fromlist=[name]), name)
+
+
+def test_every_page_with_code_has_a_stage() -> None:
+    assert sorted(set(pages_with_code()) - set(STAGES)) == []
+    assert "README.md" in pages_with_code()
+
+
+@pytest.mark.parametrize("page", pages_with_code())
+def test_the_page_runs(
+    page: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    if page not in STAGES:
+        pytest.fail(f"{page} has Python blocks and no stage in tests/test_docs_code.py")
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    with STAGES[page](tmp_path_factory, home) as scene:
+        monkeypatch.setenv("HOME", str(home))  # after the stage: engines are found in the real cache
+        for lane, url in scene.defaults.items():
+            monkeypatch.setattr(_class(lane), "default_base_url", url)
+        for name, value in scene.env.items():
+            monkeypatch.setenv(name, value)
+        run_blocks(page, python_blocks(ROOT / page), scene.replace)
+    out = capsys.readouterr()
+    assert "Traceback" not in out.err, out.err
+
+
+def test_the_first_page_links_every_guide() -> None:
+    index = (ROOT / "docs" / "index.md").read_text()
+    guides = sorted(p.name for p in (ROOT / "docs").glob("*.md") if p.name != "index.md")
+    assert [g for g in guides if f"]({g})" not in index] == []
+
+
+def test_the_address_table_is_the_lanes_defaults() -> None:
+    """docs/index.md's table of addresses: each lane's default, as the code has it."""
+    from abstract_client.registry import _factory
+
+    index = (ROOT / "docs" / "index.md").read_text()
+    rows = dict(re.findall(r"^\| `([\w-]+)` \| `(http://[^`]+)` \|", index, re.M))
+    lanes = ["llamacpp", "vllm", "ollama", "lmstudio", "remote", "openai-compatible"]
+    assert sorted(rows) == sorted(lanes)
+    for lane in lanes:
+        assert _factory(lane).default_base_url == rows[lane], lane
+
+
+def test_the_api_glance_is_the_code() -> None:
+    """docs/api.md's "At a glance" is what scripts/api_glance.py renders from the signatures
+    (``python scripts/api_glance.py --write`` after changing one)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("api_glance", ROOT / "scripts" / "api_glance.py")
+    assert spec is not None and spec.loader is not None
+    glance = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(glance)
+    assert glance.current() == glance.render()
