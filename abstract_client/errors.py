@@ -9,7 +9,7 @@ from message text. The categories a caller catches, and the builtin each is also
 
     AbstractClientError
     ├── GenerationCancelledError      the host asked for the stop; never retried
-    ├── GenerationTimeoutError        (TimeoutError) a deadline passed; never retried
+    ├── GenerationTimeoutError        (TimeoutError) a deadline of the call passed; never retried
     ├── ProviderError                 the server answered, and refused
     │   ├── ModelNotFoundError
     │   ├── InvalidRequestError       (HTTP 400/422)
@@ -17,8 +17,9 @@ from message text. The categories a caller catches, and the builtin each is also
     │   ├── RateLimitError            (429)
     │   ├── ServerUnavailableError    (503, not ready)
     │   │   └── ConnectionFailedError   ... and the network failed: no connection was made
-    │   ├── NotSupportedError
     │   └── ProviderAPIError          any other status
+    ├── NotSupportedError             the backend cannot do this (known by the lane, or said
+    │                                 by the server); never retried
     ├── NetworkError                  (ConnectionError) the network failed
     │   ├── ConnectionFailedError     nothing was sent (refused, reset in the handshake); retryable
     │   ├── TLSCertificateError       the server's certificate did not verify; never retried
@@ -33,6 +34,14 @@ from message text. The categories a caller catches, and the builtin each is also
 ``except NetworkError`` (or the builtin ``ConnectionError``) is "the network failed";
 ``except ProviderError`` is "the server refused"; ``ConnectionFailedError`` is both a
 ``ServerUnavailableError`` (as a connection refused always was here) and a ``NetworkError``.
+What is refused before anything is sent is never a ``ProviderError``: a wrong argument is a
+``TypeError``/``ValueError`` (``ImageInputError`` too), a capability the lane lacks a
+``NotSupportedError``.
+
+**Deadlines, one rule:** a deadline given as ``timeout=`` (a number or ``Timeout(...)``) is the
+call's own limit and raises ``GenerationTimeoutError`` (``kind`` says which); a deadline given
+as a stop source, ``signal=AbortSignal.timeout(s)``, is a Stop like any other and raises
+``GenerationCancelledError(reason="timeout")``. Both sever the connection; neither is retried.
 """
 
 from __future__ import annotations
@@ -206,8 +215,17 @@ class ProviderAPIError(ProviderError):
         super().__init__(message, status=status, **kw)
 
 
-class NotSupportedError(ProviderError):
-    """The backend cannot do this (e.g. unloading the model of a single-model llama-server)."""
+class NotSupportedError(AbstractClientError):
+    """The backend cannot do this: known by the lane before anything is sent (unloading the model
+    of a single-model llama-server, ``resumable=True`` on a lane without resumable streams), or
+    said by the server (``status`` and ``body`` then hold its answer: vLLM started without its
+    tool-call flags). Never retried. Not a ``ProviderError``: no other attempt of the same call
+    can change it."""
+
+    def __init__(self, message: str = "", *, status: int | None = None, body: Any = None, **context: Any) -> None:
+        super().__init__(message, **context)
+        self.status = status
+        self.body = body
 
 
 class ImageInputError(AbstractClientError, ValueError):

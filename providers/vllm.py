@@ -41,7 +41,7 @@ class VLLMProvider(OpenAICompatibleProvider):
     # server needs VLLM_ENABLE_RESPONSES_API_STORE=1), named by our request_id
     resumable_streams = True
     names_responses = True
-    api_base = staticmethod(lambda url: server_root(url) + "/v1")  # /tokenize, /health beside /v1
+    api_base = staticmethod(lambda base_url: server_root(base_url) + "/v1")  # /tokenize, /health beside /v1
     call_options = MappingProxyType({"json_schema": "a JSON schema for the answer (vLLM's guided decoding)"})
     default_base_url = "http://127.0.0.1:8000/v1"
 

@@ -157,6 +157,36 @@ def test_nothing_imports_a_generic_top_level_name() -> None:
     assert found == []
 
 
+def test_every_file_is_one_module_object() -> None:
+    """The repository's ``providers/`` is ``abstract_client.providers``, and only that: imported
+    as ``providers`` it would be a second module object of every lane (``isinstance`` false
+    across the two classes of one name). That import is refused, and nothing in the repository
+    (tests, benchmarks, scripts, examples) writes it."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    probe = "import providers.openai_compatible"
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=root, capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "import the lanes as abstract_client.providers" in proc.stderr
+    found = []
+    for folder in ("tests", "benchmarks", "scripts", "examples", "abstract_client", "providers"):
+        for path in (root / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Import):
+                    targets = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and not node.level:
+                    targets = [node.module or ""]
+                else:
+                    continue
+                found += [f"{path.relative_to(root)}: {t}" for t in targets if t.split(".")[0] == "providers"]
+    assert found == []
+    from abstract_client.providers import openai_compatible
+    from abstract_client.registry import _factory
+
+    assert _factory("openai-compatible") is openai_compatible.OpenAICompatibleProvider
+
+
 def test_every_runtime_dependency_is_imported_by_the_library() -> None:
     """What ``pyproject.toml`` installs for every user is what the library imports (httpcore was
     declared and imported nowhere: httpx brings its own)."""

@@ -14,9 +14,9 @@ import anyio
 import pytest
 
 from abstract_client import LLM, GenerateOptions, GenerationCancelledError, create_llm
+from abstract_client.providers.openai_compatible import v1_base
 from abstract_client.testing import FakeLMStudioServer, FakeOllamaServer, FakeOpenAIServer, FakeServer
 from abstract_client.testing._server import Conn, RequestRecord
-from providers.openai_compatible import v1_base
 
 from .helpers import press_when
 
@@ -185,3 +185,50 @@ def test_a_server_that_does_not_stream_gets_the_plain_route(caplog: pytest.LogCa
         assert "plain route, so no partial text" in str(info.value)
         with pytest.raises(Exception, match="expected a stream, got a JSON body"):
             next(iter(llm.stream("hi", max_tokens=3)))  # a stream cannot be one: said, typed
+
+
+def test_the_error_tree_is_the_one_its_docstring_draws() -> None:
+    """errors.py draws the hierarchy a caller catches by; each drawn edge is a real base, and
+    every exported error is drawn."""
+    import re
+
+    import abstract_client
+    from abstract_client import errors
+
+    drawn: dict[str, str] = {}
+    parents: list[tuple[int, str]] = []
+    for line in (errors.__doc__ or "").splitlines():
+        match = re.match(r"^[\s│]*(?:[├└]── )?([A-Z]\w+Error)\b", line)
+        if match is None or ("──" not in line and not line.strip().startswith("AbstractClientError")):
+            continue
+        depth = match.start(1)  # the column of the name: its depth in the drawing
+        while parents and parents[-1][0] >= depth:
+            parents.pop()
+        if parents:
+            drawn.setdefault(match.group(1), parents[-1][1])
+        parents.append((depth, match.group(1)))
+    for child, parent in drawn.items():
+        assert issubclass(getattr(errors, child), getattr(errors, parent)), (child, parent)
+    exported = {n for n in abstract_client.__all__ if n.endswith("Error") and n != "AbstractClientError"}
+    assert exported <= set(drawn)
+    assert not issubclass(errors.NotSupportedError, errors.ProviderError)  # "the server refused"
+
+
+def test_refusals_before_sending_are_not_the_servers(fake: FakeOpenAIServer) -> None:
+    """What is refused before anything is sent never claims the server refused it; a deadline
+    follows the one documented rule (timeout= is the call's limit, a signal is a Stop)."""
+    from abstract_client import AbortSignal, GenerationTimeoutError, NotSupportedError, ProviderError
+
+    with create_llm("ollama", "fake-model", base_url=fake.base_url) as llm:
+        with pytest.raises(NotSupportedError) as info:
+            llm.generate("hi", resumable=True)
+        assert not isinstance(info.value, ProviderError)
+    assert fake.records == []
+    fake.behavior.token_delay = 0.01
+    with create_llm("llamacpp", base_url=fake.base_url) as llm:
+        with pytest.raises(GenerationTimeoutError) as late:
+            llm.generate("hi", max_tokens=10_000, timeout=0.3)
+        assert late.value.kind == "total"
+        with pytest.raises(GenerationCancelledError) as stopped:
+            llm.generate("hi", max_tokens=10_000, signal=AbortSignal.timeout(0.3))
+        assert stopped.value.reason == "timeout"

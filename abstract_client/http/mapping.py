@@ -103,8 +103,9 @@ def error_from_response(
     *,
     headers: httpx.Headers | None = None,
     text: str = "",
-) -> ProviderError:
-    """Map an error status (or an error body under 200) to a typed ``ProviderError``."""
+) -> ProviderError | NotSupportedError:
+    """Map an error status (or an error body under 200) to a typed ``ProviderError`` (or the
+    ``NotSupportedError`` a server says it is)."""
     parsed = parse_error_body(body)
     message, etype, code = parsed if parsed else ((text or f"HTTP {status}")[:500], None, None)
     if isinstance(code, int) and status == 200 and code >= 400:
@@ -138,7 +139,7 @@ def error_from_response(
     return ProviderAPIError(message, **common)
 
 
-def error_from_frame(obj: Any) -> ProviderError | None:
+def error_from_frame(obj: Any) -> ProviderError | NotSupportedError | None:
     """An error carried inside a stream frame (SSE ``data:`` or an NDJSON line), or None."""
     if not isinstance(obj, dict) or ("error" not in obj and obj.get("object") != "error"):
         return None
