@@ -112,7 +112,8 @@ class Portal:
             raise RuntimeError("the sync API cannot be called from its own event loop thread")
         if call is None:
             return self._wait(_on_loop(fn(), loop), None, on_interrupt)
-        call.sync = True  # its stop error is built here, by the thread that raises it
+        if not call.sync:  # built by a sync method: its stop error is built here, by the thread that raises it
+            raise RuntimeError("an async call cannot be run by the sync portal")
         if call.token.stopped_by_caller:
             # Stopped while the caller was busy elsewhere (e.g. between two chunks of a stream):
             # raise here, without a round trip through the loop; the loop closes up behind.

@@ -243,12 +243,13 @@ class LLM:
         if self._closed:
             raise AbstractClientError("this LLM is closed", provider=self.provider.name)
 
-    def _new_call(self, spec: CallSpec, request_id: str | None) -> Call:
+    def _new_call(self, spec: CallSpec, request_id: str | None, *, kind: str, sync: bool) -> Call:
         """A call of this LLM: its own stop token, registered in flight at admission, waiting for
-        an eject in progress."""
+        an eject in progress; ``sync``: a caller's thread waits on it (it builds the stop's error)."""
         if request_id is not None:
             check_request_id(request_id)
-        return Call(spec, StopToken(request_id or uuid.uuid4().hex), self._inflight, gate=self._ejecting)
+        token = StopToken(request_id or uuid.uuid4().hex)
+        return Call(spec, token, self._inflight, gate=self._ejecting, kind=kind, sync=sync)
 
     def check_call(self, prompt: str | None = None, **options: Any) -> None:
         """Check a generation's arguments exactly as :meth:`generate` does — the same
@@ -326,9 +327,8 @@ class LLM:
         )
         # Every generation runs on a severable private connection: whether it is stopped by its
         # own source, cancel(id), cancel_all() or an eject, the server hears it the same way.
-        call = self._new_call(spec, request_id)
-        call.kind = "text_completion" if spec.request.raw else "chat"
-        return call
+        kind = "text_completion" if spec.request.raw else "chat"
+        return self._new_call(spec, request_id, kind=kind, sync=method in ("generate", "stream"))
 
     def _resumable(self, extra: dict[str, Any]) -> tuple[bool, float]:
         """``resumable`` / ``resume_timeout``, checked: a lane that cannot resume says so before
@@ -427,6 +427,8 @@ class LLM:
         timeout: float | None,
         request_id: str | None,
         model: str | None,
+        *,
+        sync: bool,
     ) -> tuple[Call, list[str], int]:
         self._ensure_open()
         if not isinstance(texts, (str, list, tuple)):  # a dict would embed its keys; None has no items
@@ -451,7 +453,7 @@ class LLM:
             cancel_event=cancel_event,
             signal=signal,
         )
-        return self._new_call(spec, request_id), inputs, size
+        return self._new_call(spec, request_id, kind="embeddings", sync=sync), inputs, size
 
     def embed(
         self,
@@ -486,7 +488,9 @@ class LLM:
                 (with the finished batches kept).
             NotSupportedError: the lane or model has no embeddings.
         """
-        call, inputs, size = self._embed_call(texts, batch_size, cancel_event, signal, timeout, request_id, model)
+        call, inputs, size = self._embed_call(
+            texts, batch_size, cancel_event, signal, timeout, request_id, model, sync=True
+        )
         check_dimensions(dimensions)
         return self._portal.run(lambda: run_embedding(call, inputs, batch_size=size, dimensions=dimensions), call=call)
 
@@ -503,7 +507,9 @@ class LLM:
         model: str | None = None,
     ) -> EmbeddingResult:
         """:meth:`embed` for async code; same arguments, result and errors."""
-        call, inputs, size = self._embed_call(texts, batch_size, cancel_event, signal, timeout, request_id, model)
+        call, inputs, size = self._embed_call(
+            texts, batch_size, cancel_event, signal, timeout, request_id, model, sync=False
+        )
         check_dimensions(dimensions)
         return await run_embedding(call, inputs, batch_size=size, dimensions=dimensions)
 

@@ -15,7 +15,7 @@ from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import httpx
 
@@ -24,7 +24,20 @@ from .http.clients import HttpClients
 from .stopping.token import StopToken
 from .types import GenerationRequest, StreamChunk, Timings, ToolCallDelta, Usage
 
-__all__ = ["CallContext", "Completion", "EmbeddingBatch", "ModelInfo", "Provider", "UnloadReport"]
+__all__ = ["CallContext", "Completion", "EmbeddingBatch", "EngineRecord", "ModelInfo", "Provider", "UnloadReport"]
+
+
+class EngineRecord(Protocol):
+    """An in-process engine's own record of one request: the evidence a stop is judged by
+    (``providers/_engine.py: RequestStats`` is one)."""
+
+    tokens: int  # tokens the engine sampled and counted for the request
+    tokens_at_stop: int | None  # the counter when the engine saw the stop flag
+    stopped_at: float | None  # perf_counter when it saw the flag
+
+    def when_settled(self, callback: Callable[[], object]) -> None:
+        """Call ``callback`` (on the engine's thread, or now) once the engine is done with the
+        request."""
 
 
 @dataclass(slots=True)
@@ -201,6 +214,11 @@ class Provider(abc.ABC):
 
     def served_by(self, request_id: str) -> str | None:
         """Which member served (or last tried) the call: a fleet's answer; None elsewhere."""
+        return None
+
+    def engine_record(self, request_id: str) -> EngineRecord | None:
+        """An in-process engine's own record of a request (recent ones), or None: a lane whose
+        engine is a server has none (its evidence is the server's: a log line, /metrics)."""
         return None
 
     def text_at_stop(self, request_id: str) -> str | None:

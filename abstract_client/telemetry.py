@@ -27,10 +27,12 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
+
+from .contract.lifecycle import Phase, observe
 
 if TYPE_CHECKING:
     from .provider import CallContext, Provider
@@ -39,13 +41,13 @@ if TYPE_CHECKING:
 
 
 class TracedCall(Protocol):
-    """What telemetry reads of a call (``contract.call.Call`` is one): declared here, so that the
-    contract, which calls telemetry at admission and release, is not imported by it."""
+    """What telemetry reads of a call (``contract.call.Call`` is one). Telemetry observes the
+    call's lifecycle (``contract/lifecycle.py``): the contract never calls it; its own per-call
+    data (the span, the log context's token) lives in ``call.extensions``."""
 
     kind: str | None
     streaming: bool
-    span: Any
-    log_token: Any
+    extensions: dict[str, Any]
     error_type: str | None
     t0: float
     token: StopToken
@@ -146,12 +148,25 @@ def _capture_content() -> bool:
     return bool(_providers["content"])
 
 
-# -- the contract's two calls ------------------------------------------------------------------------
+# -- watching the contract -------------------------------------------------------------------------
+
+
+def _watch(call: TracedCall, what: str, info: Mapping[str, Any]) -> None:
+    """The lifecycle observer: a span from admission to release, a retry as its event."""
+    if what == "admitted":
+        start(call)
+    elif what == "released" and info["from"] is not Phase.BUILT:  # a call never admitted held nothing
+        end(call, clean=info["clean"])
+    elif what == "retry":
+        retried(call, info["error"], info["attempt"], info["delay"])
+
+
+observe(_watch)
 
 
 def start(call: TracedCall) -> None:
     """At admission (rule 2): the request id for log lines; the span, when tracing is on."""
-    call.log_token = _request_id.set(call.request_id)
+    call.extensions["telemetry.log_token"] = _request_id.set(call.request_id)
     if call.kind is None:
         return
     tracer = _tracer()
@@ -175,7 +190,7 @@ def start(call: TracedCall) -> None:
     remote = call.provider.clients is not None or getattr(call.provider, "propagates_trace", False)
     kind = _otel_trace.SpanKind.CLIENT if remote else _otel_trace.SpanKind.INTERNAL
     span = tracer.start_span(f"{call.kind} {model}", kind=kind, attributes=attributes)
-    call.span = span
+    call.extensions["telemetry.span"] = span
     call.ctx.span_event = span.add_event  # a fleet's attempts, as events of this one span
     if remote:  # W3C traceparent upstream: the server's spans join this trace
         headers: dict[str, str] = {}
@@ -198,24 +213,24 @@ def _static(provider: Any) -> dict[str, Any]:
 
 def retried(call: TracedCall, error: BaseException, attempt: int, delay: float) -> None:
     """A retry of the call: an event on its span (attempts are not separate spans)."""
-    if call.span is not None:
-        call.span.add_event("retry", {"attempt": attempt, "error.type": type(error).__name__, "delay_s": delay})
+    span = call.extensions.get("telemetry.span")
+    if span is not None:
+        span.add_event("retry", {"attempt": attempt, "error.type": type(error).__name__, "delay_s": delay})
 
 
 def end(call: TracedCall, *, clean: bool) -> None:
     """At release (rule 2), on every exit path: end the span with the outcome; record metrics."""
-    if call.log_token is not None:
+    log_token = call.extensions.pop("telemetry.log_token", None)
+    if log_token is not None:
         try:
-            _request_id.reset(call.log_token)
+            _request_id.reset(log_token)
         except ValueError:  # released from another context (a dropped stream's __del__)
             pass
-        call.log_token = None
     if call.kind is None:
         return
-    span, instruments = call.span, _meter_instruments()
+    span, instruments = call.extensions.pop("telemetry.span", None), _meter_instruments()
     if span is None and instruments is None:
         return
-    call.span = None
     now = time.perf_counter()
     progress, token = call.progress, call.token
     usage = progress.usage

@@ -273,6 +273,9 @@ class EngineProvider(Provider):
         with self._stats_lock:
             return self._stats.get(request_id)
 
+    def engine_record(self, request_id: str) -> RequestStats | None:
+        return self.stats(request_id)
+
     def _new_stats(self, request_id: str) -> RequestStats:
         with self._stats_lock:
             stats = self._stats[request_id] = RequestStats()

@@ -62,7 +62,7 @@ def run_demo(stop_after_tokens: int = 40, out: TextIO | None = None) -> int:
         except GenerationCancelledError as err:
             raised = time.perf_counter()
             provider = llm.provider
-            stats = provider.stats(request_id) if hasattr(provider, "stats") else None
+            stats = provider.engine_record(request_id)
             provider.thread.wait_idle(10)  # type: ignore[attr-defined]
             engine_tokens = stats.tokens if stats is not None else err.generated_tokens
             write(

@@ -22,7 +22,8 @@ rule  what                                                                   whe
 8     every error carries partial text, tokens, usage, provider, model, id   ``translate.attach``
 ====  =====================================================================  =========================
 
-``call.py`` holds what a call is (its spec, fixed when built, and its progress); ``retry.py``
+``lifecycle.py`` holds a call's phases and the moves between them (one table; telemetry observes
+the moves); ``call.py`` holds what a call is (its spec, fixed when built, and its progress); ``retry.py``
 the retry policy (which failures may be retried, by type; the backoff); ``answer.py`` where
 structured output and tool calls enter and leave the path (prepared after admission, parsed only
 once the answer is judged complete).

@@ -13,9 +13,9 @@ import time
 
 import anyio
 
-from .. import telemetry
 from ..http.guard import SocketGuard
 from .call import Call
+from .lifecycle import Phase
 from .translate import cancelled
 
 __all__ = ["admit", "admit_now", "release", "unlist"]
@@ -39,9 +39,8 @@ def admit_now(call: Call) -> None:
     set raises here, before anything is sent."""
     token, spec = call.token, call.spec
     call.registry.add(token)  # a duplicate request id raises here, before anything is held
-    call.admitted = True
     call.t0 = time.perf_counter()
-    telemetry.start(call)  # its span ends in release, whatever the exit
+    call.move(Phase.ADMITTED)  # observers start watching (telemetry: the span), ended by release
     token.bind(cancel_event=spec.cancel_event, signal=spec.signal)
     if token.is_set:  # rule 1: nothing is sent
         release(call)
@@ -62,10 +61,11 @@ def unlist(call: Call) -> None:
 def release(call: Call, *, clean: bool = False) -> None:
     """Idempotent and synchronous. ``clean``: the call read its answer to the end, so its
     connection is idle and may serve the next call; otherwise it is severed."""
-    if call.released or not call.admitted:
-        call.released = True
+    if call.phase is Phase.RELEASED:
         return
-    call.released = True
+    if call.phase is Phase.BUILT:  # never admitted: it holds nothing
+        call.move(Phase.RELEASED, clean=clean)
+        return
     guard = call.guard
     if guard is not None:
         if clean and not call.token.is_set:
@@ -74,4 +74,4 @@ def release(call: Call, *, clean: bool = False) -> None:
             guard.sever()
     unlist(call)
     call.token.release()
-    telemetry.end(call, clean=clean)
+    call.move(Phase.RELEASED, clean=clean)

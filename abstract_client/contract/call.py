@@ -16,6 +16,7 @@ from ..output.tool_calls import ToolCallAssembler
 from ..provider import CallContext, Provider
 from ..stopping.token import InflightRegistry, StopToken
 from ..types import GenerationRequest, StreamChunk, Timeout, Timings, ToolCall, ToolCallDelta, Usage
+from .lifecycle import MOVES, LifecycleError, Phase, notify
 from .retry import RetryPolicy
 
 __all__ = ["Call", "CallSpec", "Progress"]
@@ -129,21 +130,20 @@ class Progress:
 
 
 class Call:
-    """One generation: spec + stop token + progress, plus the admission state."""
+    """One generation: spec + stop token + progress, and its phase (``lifecycle.py``: one table
+    of the moves). Only the contract writes a call; observers keep their own per-call data in
+    ``extensions`` (as httpx's ``request.extensions``)."""
 
     __slots__ = (
-        "admitted",
+        "_phase",
         "ctx",
         "error_type",
+        "extensions",
         "gate",
         "guard",
         "kind",
-        "log_token",
-        "prepared",
         "progress",
         "registry",
-        "released",
-        "span",
         "spec",
         "streaming",
         "sync",
@@ -158,6 +158,9 @@ class Call:
         token: StopToken,
         registry: InflightRegistry,
         gate: threading.Event | None = None,
+        *,
+        kind: str | None = None,
+        sync: bool = False,
     ) -> None:
         self.spec = spec
         self.token = token
@@ -166,20 +169,17 @@ class Call:
         self.progress = Progress()
         self.guard: SocketGuard | None = None  # made at admission for HTTP lanes
         self.t0 = 0.0  # perf_counter at admission
-        self.admitted = False
-        self.released = False
+        self._phase = Phase.BUILT
         # What the provider is sent: the spec's request (what the caller asked), or its rewrite
         # by ``output.prepare`` (a forced tool call on a backend without native tool calling).
         self.wire_request: GenerationRequest = spec.request
-        self.prepared = False
-        self.sync = False  # a sync caller waits on it: that caller builds the stop's error (_sync)
-        # telemetry: the GenAI operation ("chat", "text_completion", "embeddings"; None: model
-        # management, no span), whether the caller streams, its span, the error it ended with
-        self.kind: str | None = None
+        self.sync = sync  # a sync caller waits on it: that caller builds the stop's error (_sync)
+        # the GenAI operation ("chat", "text_completion", "embeddings"; None: model management),
+        # whether the caller streams, the error it ended with (a name: no cycle through a traceback)
+        self.kind = kind
         self.streaming = False
-        self.span: Any = None
-        self.error_type: str | None = None  # a name, not the error: no cycle through its traceback
-        self.log_token: Any = None
+        self.error_type: str | None = None
+        self.extensions: dict[str, Any] = {}  # an observer's own data (telemetry: the span)
         self.ctx = CallContext(
             token=token,
             request_id=token.request_id,
@@ -194,6 +194,18 @@ class Call:
     @property
     def provider(self) -> Provider:
         return self.spec.provider
+
+    @property
+    def phase(self) -> Phase:
+        return self._phase
+
+    def move(self, to: Phase, **info: Any) -> None:
+        """Take the move ``phase -> to`` the lifecycle table allows, then tell the observers."""
+        left = self._phase
+        if to not in MOVES[left]:
+            raise LifecycleError(f"{self.request_id}: {left.value} -> {to.value} is not a move of a call")
+        self._phase = to
+        notify(self, to.value, **{"from": left, **info})
 
     @property
     def request_id(self) -> str:

@@ -28,7 +28,6 @@ async def run_embedding(call: Call, texts: list[str], *, batch_size: int, dimens
     progress = call.progress
     vectors: list[list[float]] = []
     progress.vectors = vectors  # before admission: a pre-set stop reports [] finished, not None
-    call.kind = "embeddings"
     await admit(call)
     clean = False
     prompt_tokens: int | None = None

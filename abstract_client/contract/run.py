@@ -15,7 +15,6 @@ from typing import Any, TypeVar
 
 import anyio
 
-from .. import telemetry
 from ..errors import ProviderProtocolError
 from ..http.wire import StreamRefusedError
 from ..provider import Completion
@@ -24,6 +23,7 @@ from ..types import GenerateResult, GenerationRequest, StreamChunk, Timeout, Tim
 from .admission import admit, release
 from .answer import finish_output, prepare
 from .call import Call, CallSpec
+from .lifecycle import notify
 from .retry import RetryPolicy
 from .scope import step
 from .translate import cancelled, classify, judge_complete
@@ -57,7 +57,7 @@ async def with_retries(call: Call, attempt_once: Callable[[], Awaitable[T]]) -> 
                 typed,
                 extra={"request_id": call.request_id},  # also from threads outside the call
             )
-            telemetry.retried(call, typed, attempt, delay)
+            notify(call, "retry", error=typed, attempt=attempt, delay=delay)
             await anyio.sleep(delay)
             attempt += 1
 

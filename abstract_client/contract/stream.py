@@ -20,6 +20,7 @@ from ..types import GenerateResult, StreamChunk
 from .admission import admit, release
 from .answer import finish_output, prepare
 from .call import Call
+from .lifecycle import Phase
 from .run import result_of, with_retries
 from .scope import needs_scope, step
 from .translate import cancelled, judge_complete, raise_translated
@@ -27,6 +28,9 @@ from .translate import cancelled, judge_complete, raise_translated
 __all__ = ["GenerationStream", "Source", "open_source"]
 
 log = logging.getLogger(__name__)
+
+_OPEN = frozenset({Phase.ADMITTED, Phase.PREPARED})  # the call holds a connection (or an engine job)
+_STATE = {Phase.BUILT: "new", Phase.ADMITTED: "open", Phase.PREPARED: "open", Phase.RELEASED: "done"}
 Source = AsyncGenerator[StreamChunk, None]
 
 
@@ -58,10 +62,9 @@ class GenerationStream:
         self._call = call
         call.streaming = True
         self._source: Source | None = None
-        self._state = "new"
 
     def __repr__(self) -> str:
-        return f"<GenerationStream {self._call.request_id} {self._state}>"
+        return f"<GenerationStream {self._call.request_id} {self.state}>"
 
     @property
     def request_id(self) -> str:
@@ -80,13 +83,14 @@ class GenerationStream:
 
     @property
     def state(self) -> str:
-        """``new`` (nothing sent, nothing held), ``open`` or ``done``."""
-        return self._state
+        """``new`` (nothing sent, nothing held), ``open`` or ``done``: the call's phase
+        (``lifecycle.py``), as a stream's reader names it."""
+        return _STATE[self._call.phase]
 
     def abandon(self) -> None:
         """End a stream that was never started (it holds nothing, so no await is needed)."""
-        if self._state == "new":
-            self._state = "done"
+        if self._call.phase is Phase.BUILT:
+            release(self._call)
 
     def cancel(self, reason: Any = "user") -> None:
         """Stop this stream from any thread; the consumer gets ``GenerationCancelledError``."""
@@ -94,7 +98,7 @@ class GenerationStream:
 
     def result(self) -> GenerateResult:
         """The whole answer, once the stream has ended (``RuntimeError`` before)."""
-        if self._state != "done" or self._call.progress.completed_at is None:
+        if self._call.phase is not Phase.RELEASED or self._call.progress.completed_at is None:
             raise RuntimeError("the stream has not finished")
         return result_of(self._call)
 
@@ -110,7 +114,7 @@ class GenerationStream:
     async def __anext__(self) -> StreamChunk:
         call, source = self._call, self._source
         if source is None:
-            if self._state == "new":
+            if call.phase is Phase.BUILT:
                 return await self._start()
             raise StopAsyncIteration
         try:
@@ -143,9 +147,11 @@ class GenerationStream:
 
     async def _start(self) -> StreamChunk:
         call = self._call
-        self._state = "done"  # if admission raises, the stream is over
-        await admit(call)
-        self._state = "open"
+        try:
+            await admit(call)
+        except BaseException:
+            release(call)  # admission refused (a duplicate id) or was stopped: the stream is over
+            raise
         try:
             source, first = await step(call, lambda: open_source(call), "first")
         except BaseException:
@@ -167,13 +173,13 @@ class GenerationStream:
 
     async def aclose(self) -> None:
         """Stop the generation now if it is still running (the server sees the connection go)."""
-        if self._state == "open":
+        if self._call.phase in _OPEN:
             self._call.token.stop("user", internal=True)  # sever first: the server sees EOF now
             await self._finish()
-        self._state = "done"
+        else:
+            self.abandon()
 
     async def _finish(self, *, clean: bool = False) -> None:
-        self._state = "done"
         source, self._source = self._source, None
         try:
             if source is not None:
@@ -188,6 +194,7 @@ class GenerationStream:
     def __del__(self) -> None:
         # ``break`` out of ``async for``: no await possible here, but severing and releasing are
         # synchronous. The provider's generator is finalised later by the loop's asyncgen hooks.
-        if getattr(self, "_state", "done") == "open":
-            self._call.token.stop("user", internal=True)
-            release(self._call)
+        call = getattr(self, "_call", None)
+        if call is not None and call.phase in _OPEN:
+            call.token.stop("user", internal=True)
+            release(call)

@@ -159,8 +159,7 @@ class Gateway:
             "tokens_after_stop": None,
         }
         self.metrics.prompt(flight.backend.name, err.usage)
-        stats = getattr(flight.backend.llm.provider, "stats", None)  # in-process engines' own record
-        engine = stats(flight.call_id) if stats is not None else None
+        engine = flight.backend.llm.provider.engine_record(flight.call_id)  # in-process engines' own
         if engine is None:  # over HTTP the engine stopped when its connection was severed: now
             self._engine_stopped(flight, record, released, None)
             return
