@@ -31,16 +31,10 @@ from abstract_client.http.resume import resumed_bytes
 from abstract_client.http.wire import expect_stream, json_body, load_frame, sse_events
 from abstract_client.provider import CallContext, Completion, ModelInfo, UnloadReport
 from abstract_client.types import GenerationRequest, StreamChunk, Usage
+from abstract_client.wires.chat import response_format_field, resumable_sse_chunks, sampling_fields
+from abstract_client.wires.timings import timings_from
 
-from ._timings import timings_from
-from .openai_compatible import (
-    STOP_REACH_S,
-    OpenAICompatibleProvider,
-    response_format_field,
-    resumable_sse_chunks,
-    sampling_fields,
-    server_root,
-)
+from .openai_compatible import STOP_REACH_S, OpenAICompatibleProvider, server_root
 
 _FINISH = {"eos": "stop", "word": "stop", "limit": "length"}
 _FORBIDDEN_HEADERS = {"x-conversation-id"}

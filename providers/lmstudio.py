@@ -26,9 +26,10 @@ import httpx
 from abstract_client.errors import ProviderProtocolError
 from abstract_client.http.mapping import decode_json_body, error_from_response
 from abstract_client.http.wire import expect_stream, json_body, load_frame, poll_until_ready, sse_events
-from abstract_client.images import base64_payload, url_refused
+from abstract_client.images import url_refused
 from abstract_client.provider import CallContext, Completion, ModelInfo, UnloadReport
-from abstract_client.types import GenerationRequest, StreamChunk, Timings, Usage
+from abstract_client.types import GenerationRequest, StreamChunk
+from abstract_client.wires.lmstudio import chunk_from_result, native_input
 
 from .openai_compatible import OpenAICompatibleProvider, server_root
 
@@ -105,7 +106,7 @@ class LMStudioProvider(OpenAICompatibleProvider):
                 elif event.event == "reasoning.delta":
                     yield StreamChunk(reasoning=str(data.get("content", "")), raw=data)
                 elif event.event == "chat.end":
-                    yield _final(data.get("result") if isinstance(data, dict) else None, delta="")
+                    yield chunk_from_result(data.get("result") if isinstance(data, dict) else None, delta="")
                     return
         raise ProviderProtocolError("the LM Studio stream ended before chat.end")
 
@@ -113,7 +114,7 @@ class LMStudioProvider(OpenAICompatibleProvider):
         if not self.wants_native(request):
             return await super().complete(request, ctx)
         body = json_body(await ctx.request("POST", "/api/v1/chat", json=self.native_body(request, stream=False)))
-        chunk = _final(body, delta=None)
+        chunk = chunk_from_result(body, delta=None)
         return Completion.from_chunk(chunk, raw=body)
 
     # -- models ------------------------------------------------------------------------------------
@@ -160,46 +161,3 @@ class LMStudioProvider(OpenAICompatibleProvider):
             return isinstance(body, dict) and isinstance(body.get("data"), list)
 
         await poll_until_ready(self.clients.get(), "/v1/models", timeout, provider=self.name, ready=models_listed)
-
-
-def _final(result: Any, delta: str | None) -> StreamChunk:
-    if not isinstance(result, dict):
-        raise ProviderProtocolError(f"unexpected LM Studio result: {str(result)[:200]}")
-    stats = result.get("stats") or {}
-    outputs = [o for o in result.get("output") or [] if isinstance(o, dict)]
-    text = "".join(str(o.get("content", "")) for o in outputs if o.get("type") == "message")
-    reasoning = "".join(str(o.get("content", "")) for o in outputs if o.get("type") == "reasoning")
-    n_in, n_out = stats.get("input_tokens"), stats.get("total_output_tokens")
-    ttft = stats.get("time_to_first_token_seconds")
-    return StreamChunk(
-        delta=text if delta is None else delta,
-        reasoning=reasoning if delta is None else "",
-        finish_reason="stop",
-        usage=Usage(
-            prompt_tokens=n_in if isinstance(n_in, int) else None,
-            completion_tokens=n_out if isinstance(n_out, int) else None,
-        ),
-        timings=Timings(
-            ttft_ms=ttft * 1000 if isinstance(ttft, (int, float)) else None, tokens_per_s=stats.get("tokens_per_second")
-        ),
-        model=result.get("model_instance_id"),
-        raw=result,
-    )
-
-
-def native_input(content: Any) -> Any:
-    """``/api/v1/chat``'s ``input``: the text, or — with images — a list of ``{"type": "message",
-    "content"}`` and ``{"type": "image", "data_url"}`` items in the parts' order (data URLs
-    only: LM Studio fetches nothing)."""
-    if not isinstance(content, list):
-        return content
-    if not any(p.get("type") == "image_url" for p in content):
-        return "".join(p.get("text", "") for p in content if p.get("type") == "text")
-    items: list[dict[str, Any]] = []
-    for part in content:
-        if part.get("type") == "image_url":
-            mime, payload = base64_payload(part, "lmstudio")
-            items.append({"type": "image", "data_url": f"data:{mime};base64,{payload}"})
-        elif part.get("type") == "text":
-            items.append({"type": "message", "content": part.get("text", "")})
-    return items

@@ -28,8 +28,9 @@ from abstract_client.errors import NotSupportedError, ProviderProtocolError
 from abstract_client.http.wire import json_body, poll_until_ready
 from abstract_client.provider import CallContext, Completion, UnloadReport
 from abstract_client.types import GenerationRequest, StreamChunk
+from abstract_client.wires.chat import openai_sse_chunks, sampling_fields, usage_from
 
-from .openai_compatible import OpenAICompatibleProvider, openai_sse_chunks, sampling_fields, server_root, usage_from
+from .openai_compatible import OpenAICompatibleProvider, server_root
 
 
 class VLLMProvider(OpenAICompatibleProvider):

@@ -277,7 +277,7 @@ def test_a_background_stop_cancels_by_the_id_the_server_named_until_it_is_known(
 def test_llama_servers_tool_call_events_name_their_item_not_its_index() -> None:
     """llama-server's /v1/responses sends no ``output_index``: an arguments delta names its call
     by ``item_id`` (its server-task.cpp); two calls stay two calls."""
-    from abstract_client.providers._responses import ResponseEvents
+    from abstract_client.wires.responses import ResponseEvents
 
     events = ResponseEvents()
     stream: list[dict[str, Any]] = [{"type": "response.created", "response": {"id": "resp_x", "status": "in_progress"}}]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from abstract_client.types import Timings
+from ..types import Timings
 
 __all__ = ["timings_from"]
 

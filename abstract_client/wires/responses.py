@@ -24,14 +24,13 @@ from typing import Any
 
 import httpx
 
-from abstract_client.errors import ProviderProtocolError
-from abstract_client.http.mapping import error_from_response
-from abstract_client.http.sse import SSEDecoder
-from abstract_client.http.wire import drain, expect_stream, load_frame
-from abstract_client.provider import Completion
-from abstract_client.types import GenerationRequest, Message, StreamChunk, ToolCall, ToolCallDelta, Usage
-
-from ._timings import timings_from
+from ..errors import ProviderProtocolError
+from ..http.mapping import error_from_response
+from ..http.sse import SSEDecoder
+from ..http.wire import drain, expect_stream, load_frame
+from ..provider import Completion
+from ..types import GenerationRequest, Message, StreamChunk, ToolCall, ToolCallDelta, Usage
+from .timings import timings_from
 
 __all__ = [
     "TERMINAL_EVENTS",

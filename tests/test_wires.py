@@ -1,0 +1,117 @@
+"""The wires (abstract_client/wires/): each protocol's decoders turn anything a server may send
+into the library's types or a ``ProviderProtocolError`` — never a ``KeyError``, an
+``AttributeError`` or a ``TypeError`` from deep inside (the fuzzing found LM Studio's native
+result decoder raising those on a ``stats`` or ``output`` of the wrong type). And a wire is
+its own module: it imports no lane, no contract, no gateway."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from abstract_client.errors import AbstractClientError, ProviderProtocolError
+from abstract_client.wires import chat, lmstudio, ollama, responses
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# the field names and event types the decoders look at, so that generated objects reach deep
+KEYS = [
+    "choices", "delta", "message", "content", "role", "tool_calls", "function", "arguments", "name", "id",
+    "index", "reasoning", "reasoning_content", "finish_reason", "usage", "prompt_tokens", "completion_tokens",
+    "prompt_tokens_details", "cached_tokens", "timings", "model", "data", "embedding", "predicted_ms",
+    "type", "item", "item_id", "output_index", "response", "status", "output", "input_tokens", "output_tokens",
+    "input_tokens_details", "text", "call_id", "error", "code", "sequence_number", "incomplete_details",
+    "reason", "done", "done_reason", "prompt_eval_count", "eval_count", "eval_duration", "prompt_eval_duration",
+    "thinking", "stats", "tokens_per_second", "time_to_first_token_seconds", "total_output_tokens",
+    "model_instance_id",
+]  # fmt: skip
+EVENTS = [
+    "response.created", "response.output_text.delta", "response.reasoning_text.delta",
+    "response.reasoning_summary_text.delta", "response.output_item.added", "response.output_item.done",
+    "response.function_call_arguments.delta", "response.function_call_arguments.done", "response.completed",
+    "response.incomplete", "response.failed", "error", "function_call", "message", "reasoning",
+]  # fmt: skip
+LEAF = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-3, 3),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=4),
+    st.sampled_from(EVENTS),
+)
+JSON = st.recursive(
+    LEAF,
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.sampled_from(KEYS), inner, max_size=6)),
+)
+FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+
+
+def _typed_or_nothing(decode: Any, *args: Any) -> None:
+    try:
+        decode(*args)
+    except AbstractClientError:
+        pass
+
+
+@FUZZ
+@given(JSON)
+def test_the_chat_wire_decodes_anything_into_chunks_or_a_typed_error(obj: Any) -> None:
+    for decode in (chat.chat_chunks, chat.completion_from, chat.embeddings_from, chat.usage_from):
+        _typed_or_nothing(decode, obj)
+
+
+@FUZZ
+@given(st.lists(JSON, max_size=6))
+def test_the_responses_wire_decodes_any_event_sequence_into_chunks_or_a_typed_error(events: list[Any]) -> None:
+    decoder = responses.ResponseEvents()
+    for event in events:
+        try:
+            decoder.chunks(event)
+        except AbstractClientError:
+            break
+    for event in events:
+        _typed_or_nothing(responses.completion_from_response, event)
+
+
+@FUZZ
+@given(JSON, st.integers(0, 3))
+def test_the_ollama_wire_decodes_any_object_into_a_chunk_or_a_typed_error(obj: Any, first: int) -> None:
+    _typed_or_nothing(ollama.chunk_from, obj)
+    if isinstance(obj, dict):
+        _typed_or_nothing(ollama.tool_calls_from, obj, first)
+
+
+@FUZZ
+@given(JSON, st.sampled_from(["", None]))
+def test_the_lmstudio_wire_decodes_any_result_into_a_chunk_or_a_typed_error(obj: Any, delta: str | None) -> None:
+    _typed_or_nothing(lmstudio.chunk_from_result, obj, delta)
+
+
+def test_a_malformed_lmstudio_result_is_a_protocol_error() -> None:
+    """Found by the fuzzing: ``stats: true`` was an ``AttributeError``, ``output: 5`` a ``TypeError``."""
+    for result in ({"stats": True}, {"output": 5}, {"stats": "x", "output": []}):
+        try:
+            lmstudio.chunk_from_result(result, "")
+        except ProviderProtocolError:
+            continue
+        raise AssertionError(f"{result} was taken")
+    chunk = lmstudio.chunk_from_result({"stats": {"tokens_per_second": "fast"}, "model_instance_id": 5}, None)
+    assert chunk.timings is not None and chunk.timings.tokens_per_s is None and chunk.model is None
+
+
+def test_a_wire_imports_no_lane_no_contract_no_gateway() -> None:
+    forbidden = ("abstract_client.providers", "abstract_client.contract", "abstract_client.gateway", "providers")
+    found = []
+    for path in (ROOT / "abstract_client" / "wires").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                name = ("abstract_client." + (node.module or "")) if node.level else (node.module or "")
+                if node.level == 1:
+                    name = "abstract_client.wires." + (node.module or "")
+                if any(name == f or name.startswith(f + ".") for f in forbidden):
+                    found.append(f"{path.name}: {name}")
+    assert found == []
