@@ -36,6 +36,7 @@ _BUILTIN: dict[str, str] = {
     "gguf": "abstract_client.providers.gguf:GGUFProvider",
     "vllm": "abstract_client.providers.vllm:VLLMProvider",
     "remote": "abstract_client.providers.remote:RemoteProvider",
+    "anthropic": "abstract_client.providers.anthropic:AnthropicProvider",
 }
 _registered: dict[str, Callable[..., Provider]] = {}
 _FLEET_OPTIONS = (

@@ -54,7 +54,7 @@ class LMStudioProvider(OpenAICompatibleProvider):
         Responses wire (which carries reasoning itself)."""
         if request.extra.get("native"):
             return True
-        if self.wire == "responses":
+        if self.wire != "chat":  # the Responses and Messages wires carry reasoning themselves
             return False
         return request.reasoning is not None and not request.tools and request.response_format is None
 

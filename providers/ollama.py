@@ -64,7 +64,7 @@ class OllamaProvider(OpenAICompatibleProvider):
         self, *, base_url: str | None = None, use_openai_api: bool = False, unload_poll_timeout: float = 30.0, **kw: Any
     ) -> None:
         super().__init__(base_url=base_url, **kw)
-        self.use_openai_api = use_openai_api or self.wire == "responses"  # both are the /v1 wire code
+        self.use_openai_api = use_openai_api or self.wire != "chat"  # the Responses and Messages wires are /v1's
         self.unload_poll_timeout = unload_poll_timeout
 
     def native_body(self, request: GenerationRequest, *, stream: bool) -> tuple[str, dict[str, Any]]:

@@ -38,6 +38,7 @@ from abstract_client.wires.chat import (
     sampling_fields,
     wire_messages,
 )
+from abstract_client.wires.messages import completion_from_message, messages_body, messages_sse_chunks
 from abstract_client.wires.responses import (
     ResponseEvents,
     completion_from_response,
@@ -50,8 +51,8 @@ from ._server_cancel import ServerCancels
 
 log = logging.getLogger(__name__)
 
-Wire = Literal["chat", "responses"]
-WIRES: tuple[str, ...] = ("chat", "responses")
+Wire = Literal["chat", "responses", "messages"]
+WIRES: tuple[str, ...] = ("chat", "responses", "messages")
 STOP_REACH_S = 30.0  # how long a stop of a stream that outlives its connection keeps trying its server
 
 
@@ -173,6 +174,16 @@ class OpenAICompatibleProvider(Provider):
         """``/v1/responses`` beside the lane's chat route."""
         return self.chat_path.replace("/chat/completions", "/responses")
 
+    @property
+    def messages_path(self) -> str:
+        """``/v1/messages`` (Anthropic's Messages wire) beside the lane's chat route."""
+        return self.chat_path.replace("/chat/completions", "/messages")
+
+    def messages_request_body(self, request: GenerationRequest, *, stream: bool) -> dict[str, Any]:
+        body = messages_body(request, stream=stream)  # the request's extra fields included
+        body.update({k: v for k, v in self.extra_body.items() if k not in request.extra})
+        return body
+
     def responses_request_body(self, request: GenerationRequest, *, stream: bool) -> dict[str, Any]:
         body = responses_body(request, stream=stream)
         body.update(self.extra_body)
@@ -187,6 +198,11 @@ class OpenAICompatibleProvider(Provider):
             return responses_sse_chunks(
                 ctx.stream("POST", self.responses_path, json=body, headers=self.call_headers(ctx))
             )
+        if self.wire == "messages":
+            body = self.messages_request_body(request, stream=True)
+            return messages_sse_chunks(
+                ctx.stream("POST", self.messages_path, json=body, headers=self.call_headers(ctx))
+            )
         body = self.chat_body(request, stream=True)
         return openai_sse_chunks(ctx.stream("POST", self.chat_path, json=body, headers=self.call_headers(ctx)))
 
@@ -195,6 +211,10 @@ class OpenAICompatibleProvider(Provider):
             body = self.responses_request_body(request, stream=False)
             resp = await ctx.request("POST", self.responses_path, json=body, headers=self.call_headers(ctx))
             return completion_from_response(json_body(resp))
+        if self.wire == "messages":
+            body = self.messages_request_body(request, stream=False)
+            resp = await ctx.request("POST", self.messages_path, json=body, headers=self.call_headers(ctx))
+            return completion_from_message(json_body(resp))
         body = self.chat_body(request, stream=False)
         resp = await ctx.request("POST", self.chat_path, json=body, headers=self.call_headers(ctx))
         return completion_from(json_body(resp))

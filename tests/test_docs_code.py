@@ -71,7 +71,14 @@ def _fake(**behavior: Any) -> Iterator[FakeOpenAIServer]:
         yield server
 
 
-@stage("README.md", "docs/index.md", "docs/cancellation.md", "docs/writing-a-lane.md", "docs/testing.md")
+@stage(
+    "README.md",
+    "docs/index.md",
+    "docs/cancellation.md",
+    "docs/writing-a-lane.md",
+    "docs/testing.md",
+    "docs/anthropic.md",
+)
 @contextlib.contextmanager
 def _one_fake(tmp: pytest.TempPathFactory, home: Path) -> Iterator[Stage]:
     """A llama-server-like fake at the documented address (10 ms a token: a Stop pressed after
@@ -240,8 +247,8 @@ def test_the_address_table_is_the_lanes_defaults() -> None:
     from abstract_client.registry import _factory
 
     index = (ROOT / "docs" / "index.md").read_text()
-    rows = dict(re.findall(r"^\| `([\w-]+)` \| `(http://[^`]+)` \|", index, re.M))
-    lanes = ["llamacpp", "vllm", "ollama", "lmstudio", "remote", "openai-compatible"]
+    rows = dict(re.findall(r"^\| `([\w-]+)` \| `(https?://[^`]+)` \|", index, re.M))
+    lanes = ["llamacpp", "vllm", "ollama", "lmstudio", "remote", "anthropic", "openai-compatible"]
     assert sorted(rows) == sorted(lanes)
     for lane in lanes:
         assert _factory(lane).default_base_url == rows[lane], lane

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from abstract_client.errors import AbstractClientError, ProviderProtocolError
-from abstract_client.wires import chat, lmstudio, ollama, responses
+from abstract_client.wires import chat, lmstudio, messages, ollama, responses
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,13 +27,17 @@ KEYS = [
     "input_tokens_details", "text", "call_id", "error", "code", "sequence_number", "incomplete_details",
     "reason", "done", "done_reason", "prompt_eval_count", "eval_count", "eval_duration", "prompt_eval_duration",
     "thinking", "stats", "tokens_per_second", "time_to_first_token_seconds", "total_output_tokens",
-    "model_instance_id",
+    "model_instance_id", "content_block", "partial_json", "input", "stop_reason", "cache_read_input_tokens",
+    "cache_creation_input_tokens", "tool_use_id",
 ]  # fmt: skip
 EVENTS = [
     "response.created", "response.output_text.delta", "response.reasoning_text.delta",
     "response.reasoning_summary_text.delta", "response.output_item.added", "response.output_item.done",
     "response.function_call_arguments.delta", "response.function_call_arguments.done", "response.completed",
     "response.incomplete", "response.failed", "error", "function_call", "message", "reasoning",
+    "message_start", "content_block_start", "content_block_delta", "content_block_stop", "message_delta",
+    "message_stop", "ping", "text_delta", "input_json_delta", "thinking_delta", "tool_use", "text", "thinking",
+    "end_turn", "max_tokens", "overloaded_error",
 ]  # fmt: skip
 LEAF = st.one_of(
     st.none(),
@@ -75,6 +79,20 @@ def test_the_responses_wire_decodes_any_event_sequence_into_chunks_or_a_typed_er
             break
     for event in events:
         _typed_or_nothing(responses.completion_from_response, event)
+
+
+@FUZZ
+@given(st.lists(JSON, max_size=8))
+def test_the_messages_wire_decodes_any_event_sequence_into_chunks_or_a_typed_error(events: list[Any]) -> None:
+    decoder = messages.MessageEvents()
+    for event in events:
+        try:
+            decoder.chunks(event)
+        except AbstractClientError:
+            break
+    for event in events:
+        _typed_or_nothing(messages.completion_from_message, event)
+        _typed_or_nothing(messages.usage_of, event)
 
 
 @FUZZ

@@ -130,7 +130,7 @@ def error_from_response(
         return ModelNotFoundError(message, **common)
     if status == 429:
         return RateLimitError(message, retry_after=retry_after, **common)
-    if status == 503 or lowered_type == "unavailable_error":
+    if status in (503, 529) or lowered_type in ("unavailable_error", "overloaded_error"):  # 529: Anthropic's
         return ServerUnavailableError(message, retry_after=retry_after, **common)
     if status in (400, 422) and _AUTO_TOOLS.search(message):
         return NotSupportedError(message, **common)  # vLLM started without its tool-call flags

@@ -26,6 +26,8 @@ class FakeOpenAIServer(FakeServer):
         routes: dict[tuple[str, str], Handler] = {
             ("POST", "/v1/chat/completions"): self.chat,
             ("POST", "/v1/responses"): self.responses,
+            ("POST", "/v1/messages"): self.messages,
+            ("POST", "/v1/messages/count_tokens"): self.count_message_tokens,
             ("POST", "/v1/embeddings"): self.embeddings,
             ("GET", "/v1/models"): self.models,
             ("GET", "/health"): self.health,
@@ -398,6 +400,143 @@ class FakeOpenAIServer(FakeServer):
         kind = "response.incomplete" if status == "incomplete" else "response.completed"
         conn.chunk(event({"type": kind, "response": response}))
         conn.end_chunked()
+
+    def _message_words(self, body: dict[str, Any]) -> list[str]:
+        words: list[str] = []
+        system = body.get("system")
+        for text in [system] if isinstance(system, str) else []:
+            words += text.split()
+        turns = body.get("messages")
+        for message in turns if isinstance(turns, list) else []:
+            content = message.get("content") if isinstance(message, dict) else None
+            blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content or []
+            for block in blocks if isinstance(blocks, list) else []:
+                if isinstance(block, dict) and isinstance(block.get("text"), str):
+                    words += block["text"].split()
+        return words
+
+    def count_message_tokens(self, conn: Conn, record: RequestRecord) -> None:
+        """``POST /v1/messages/count_tokens``: the words of the system prompt and the turns."""
+        body = record.body if isinstance(record.body, dict) else {}
+        conn.send_json(200, {"input_tokens": len(self._message_words(body))})
+
+    def messages(self, conn: Conn, record: RequestRecord) -> None:
+        """``POST /v1/messages`` (Anthropic's Messages wire, as llama-server, vLLM, Ollama and LM
+        Studio serve it), streaming and not, with the same tokens, script and faults as chat."""
+        body = record.body if isinstance(record.body, dict) else {}
+        fault = self._next_fault()
+        record.fault = fault
+        if self.early_fault(conn, fault):
+            return
+        model = body.get("model") or "fake-model"
+        if model not in self.behavior.models and "fake-model" not in self.behavior.models:
+            error = {"type": "not_found_error", "message": f"model: {model}"}
+            conn.send_json(404, {"type": "error", "error": error})
+            return
+        tokens, finish = self.tokens(body.get("max_tokens"))
+        script = self.behavior.script
+        pieces: list[dict[str, Any]] = list(script) if script is not None else [{"content": t} for t in tokens]
+        called = any("tool" in p for p in pieces)
+        stop_reason = "tool_use" if called else ("max_tokens" if finish == "length" and script is None else "end_turn")
+        n_prompt = len(self._message_words(body))
+        message = script_message(pieces, "reasoning")
+        blocks: list[dict[str, Any]] = []
+        if message.get("reasoning"):
+            blocks.append({"type": "thinking", "thinking": message["reasoning"], "signature": "fake"})
+        if message["content"]:
+            blocks.append({"type": "text", "text": message["content"]})
+        for call in message.get("tool_calls", []):
+            arguments = call["function"]["arguments"]
+            blocks.append(
+                {
+                    "type": "tool_use",
+                    "id": call["id"],
+                    "name": call["function"]["name"],
+                    "input": _object_of(arguments),
+                }
+            )
+        usage = {"input_tokens": n_prompt, "cache_read_input_tokens": 0, "output_tokens": len(pieces)}
+        whole: dict[str, Any] = {
+            "id": f"msg_{record.id}",
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": blocks,
+            "stop_reason": stop_reason,
+            "stop_sequence": None,
+            "usage": usage,
+        }
+        if not body.get("stream"):
+            self.prefill(conn, record)
+            self.decode_whole_answer(conn, record, pieces)
+            conn.send_json(200, whole)
+            return
+
+        def event(obj: dict[str, Any]) -> bytes:
+            return b"event: %s\ndata: %s\n\n" % (obj["type"].encode(), json.dumps(obj).encode())
+
+        self.prefill(conn, record)
+        conn.start_chunked("text/event-stream")
+        start = {**whole, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 0}}
+        conn.chunk(event({"type": "message_start", "message": start}))
+        opened: dict[str, int] = {}  # "text", "thinking", "tool<n>" -> the open block's index
+
+        def frame(piece: dict[str, Any]) -> bytes:
+            key = f"tool{piece['tool']}" if "tool" in piece else ("thinking" if "reasoning" in piece else "text")
+            out = b""
+            if key not in opened:
+                index = opened[key] = len(opened)
+                if "tool" in piece:
+                    block: dict[str, Any] = {
+                        "type": "tool_use",
+                        "id": piece.get("id"),
+                        "name": piece.get("name"),
+                        "input": {},
+                    }
+                elif key == "thinking":
+                    block = {"type": "thinking", "thinking": ""}
+                else:
+                    block = {"type": "text", "text": ""}
+                out = event({"type": "content_block_start", "index": index, "content_block": block})
+            if "tool" in piece:
+                delta = {"type": "input_json_delta", "partial_json": piece.get("arguments", "")}
+            elif key == "thinking":
+                delta = {"type": "thinking_delta", "thinking": piece["reasoning"]}
+            else:
+                delta = {"type": "text_delta", "text": piece.get("content", "")}
+            return out + event({"type": "content_block_delta", "index": opened[key], "delta": delta})
+
+        def fault_frame(name: str) -> None:
+            if self.common_fault(conn, name):
+                return
+            if name == "error_on_200":
+                error = {"type": "overloaded_error", "message": "injected mid-stream error"}
+                conn.chunk(event({"type": "error", "error": error}))
+            elif name == "malformed_frame":
+                conn.chunk(b"event: content_block_delta\ndata: {not json\n\n")
+            conn.end_chunked()
+
+        if not self.stream_tokens(conn, pieces, frame, fault, fault_frame):  # type: ignore[arg-type]
+            return
+        for index in opened.values():
+            conn.chunk(event({"type": "content_block_stop", "index": index}))
+        usage = {"output_tokens": len(pieces), "input_tokens": n_prompt}
+        conn.chunk(
+            event(
+                {"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": None}, "usage": usage}
+            )
+        )
+        conn.chunk(event({"type": "message_stop"}))
+        conn.end_chunked()
+
+
+def _object_of(arguments: str) -> Any:
+    """A scripted call's arguments as the object a ``tool_use`` block holds (a script cut short
+    on purpose holds no JSON yet: an empty object, as a server would never send it)."""
+    try:
+        return json.loads(arguments or "{}")
+    except ValueError:
+        return {}
 
 
 __all__ = ["FakeOpenAIServer"]
