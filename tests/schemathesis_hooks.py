@@ -7,7 +7,8 @@ refuses with a 400 a chat body that:
   no tools, or names two tools alike;
 * answers with a ``tool`` message a call no earlier message made, or carries a tool call whose
   ``arguments`` are not JSON text;
-* gives a tool ``parameters`` that are an object but not a JSON Schema (``{"if": []}``: the
+* (Messages) answers with a ``tool_result`` a ``tool_use`` no earlier turn made;
+* gives a tool ``parameters`` (``input_schema``) that are an object but not a JSON Schema (``{"if": []}``: the
   document says "an object"; the metaschema is not repeated in it).
 
 Before such a body is sent it is made consistent (``tool_choice`` becomes ``"none"``, a second
@@ -121,9 +122,42 @@ def make_response_consistent(body: Any) -> None:
         items.append({"role": "user", "content": "hi"})  # reasoning alone is no conversation
 
 
+def make_message_consistent(body: Any) -> None:
+    """The same for a ``/v1/messages`` body (Anthropic's blocks): tool names unique, schemas
+    valid, a named tool_choice offered, a tool_result answering a tool_use of an earlier turn
+    (else it becomes a text block)."""
+    if not isinstance(body, dict):
+        return
+    tools = body.get("tools") if isinstance(body.get("tools"), list) else []
+    names: set[Any] = set()
+    for i, tool in enumerate(tools):
+        if isinstance(tool, dict) and "input_schema" in tool:
+            tool["input_schema"] = _valid_schema(tool["input_schema"])
+        if isinstance(tool, dict) and isinstance(tool.get("name"), str):
+            if tool["name"] in names:
+                tool["name"] = f"{tool['name']}_{i}"
+            names.add(tool["name"])
+    choice = body.get("tool_choice")
+    named = choice.get("name") if isinstance(choice, dict) else None
+    if isinstance(choice, dict) and choice.get("type") == "tool" and not (isinstance(named, str) and named in names):
+        body["tool_choice"] = {"type": "auto"}
+    calls: set[str] = set()
+    for turn in body.get("messages") if isinstance(body.get("messages"), list) else []:
+        blocks = turn.get("content") if isinstance(turn, dict) else None
+        for n, block in enumerate(blocks if isinstance(blocks, list) else []):
+            if not isinstance(block, dict):
+                continue
+            if block.get("type") == "tool_use":
+                calls.add(str(block.get("id")))
+            elif block.get("type") == "tool_result" and str(block.get("tool_use_id")) not in calls:
+                blocks[n] = {"type": "text", "text": "an answer"}
+
+
 @schemathesis.hook
 def before_call(ctx: Any, case: Any, **kwargs: Any) -> None:
     if case.operation.path == "/v1/responses":
         make_response_consistent(case.body)
+    elif case.operation.path.startswith("/v1/messages"):
+        make_message_consistent(case.body)
     else:
         make_consistent(case.body)

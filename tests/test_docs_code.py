@@ -77,7 +77,6 @@ def _fake(**behavior: Any) -> Iterator[FakeOpenAIServer]:
     "docs/cancellation.md",
     "docs/writing-a-lane.md",
     "docs/testing.md",
-    "docs/anthropic.md",
 )
 @contextlib.contextmanager
 def _one_fake(tmp: pytest.TempPathFactory, home: Path) -> Iterator[Stage]:
@@ -156,6 +155,21 @@ def _gateway(tmp: pytest.TempPathFactory, home: Path) -> Iterator[Stage]:
         )
         with InProcessGateway(config) as gw:
             yield Stage(replace={"http://127.0.0.1:8000": gw.url})
+
+
+@stage("docs/anthropic.md")
+@contextlib.contextmanager
+def _fake_and_gateway(tmp: pytest.TempPathFactory, home: Path) -> Iterator[Stage]:
+    """A fake server at the documented 8080 and a real gateway at the documented 8000 in front
+    of it (through the anthropic lane: the fake counts tokens at /v1/messages/count_tokens)."""
+    from abstract_client.gateway.config import BackendConfig, GatewayConfig
+    from abstract_client.testing.gateway import InProcessGateway
+
+    with _fake(token_delay=0.01) as upstream:
+        root = upstream.base_url.removesuffix("/v1")
+        backend = BackendConfig(name="smollm2", provider="anthropic", base_url=root)
+        with InProcessGateway(GatewayConfig(backends=[backend])) as gw:
+            yield Stage(replace={"http://127.0.0.1:8080": root, "http://127.0.0.1:8000": gw.url})
 
 
 @stage("docs/embeddings.md")

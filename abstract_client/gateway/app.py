@@ -32,6 +32,7 @@ from .auth import RequestIdAndAuth
 from .browsers import BrowserPolicy
 from .config import GatewayConfig
 from .generation import embeddings_endpoint, generation_endpoint
+from .messages import count_tokens_endpoint, messages_endpoint
 from .openai_wire import openai_error
 from .responses import BackgroundStore, cancel_response, get_response, responses_endpoint
 from .state import Gateway
@@ -64,6 +65,8 @@ def create_app(config: GatewayConfig, *, peers: Peers | None = None) -> Starlett
         Route("/v1/completions", generation_endpoint(gateway, chat=False), methods=["POST"]),
         Route("/v1/embeddings", embeddings_endpoint(gateway), methods=["POST"]),
         Route("/v1/responses", responses_endpoint(gateway), methods=["POST"]),
+        Route("/v1/messages", messages_endpoint(gateway), methods=["POST"]),
+        Route("/v1/messages/count_tokens", count_tokens_endpoint(gateway), methods=["POST"]),
         Route("/v1/responses/{response_id}", get_response, methods=["GET"]),
         Route("/v1/responses/{response_id}/cancel", cancel_response, methods=["POST"]),
         Route("/v1/models", routes.models, methods=["GET"]),

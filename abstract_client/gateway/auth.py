@@ -44,11 +44,12 @@ class RequestIdAndAuth:
         self._keys = [k.encode() for k in api_keys] + ([self._admin] if self._admin else [])
         self.max_body_bytes = max_body_bytes
 
-    def _owner(self, auth: bytes) -> tuple[bool, str | None, bool]:
-        """(accepted, the key's identity (a hash, never the key), is it the admin key)."""
+    def _owner(self, auth: bytes, api_key: bytes = b"") -> tuple[bool, str | None, bool]:
+        """(accepted, the key's identity (a hash, never the key), is it the admin key). The key
+        comes as ``Authorization: Bearer`` (OpenAI's clients) or ``x-api-key`` (Anthropic's)."""
         if not self._keys:
             return True, None, False
-        given = auth[7:].strip() if auth.startswith(b"Bearer ") else b""
+        given = auth[7:].strip() if auth.startswith(b"Bearer ") else api_key.strip()
         found = None
         for key in self._keys:  # every key compared, in constant time: no early exit
             if hmac.compare_digest(given, key):
@@ -89,7 +90,7 @@ class RequestIdAndAuth:
             await send_json(send_with_id, status, openai_error(why, "invalid_request_error", code))
             return
 
-        accepted, owner, admin = self._owner(headers.get(b"authorization", b""))
+        accepted, owner, admin = self._owner(headers.get(b"authorization", b""), headers.get(b"x-api-key", b""))
         # the chat page itself is public (it asks for the key); its calls carry the key
         if not accepted and scope.get("path") not in ("/health", "/"):
             await send_json(send_with_id, 401, openai_error("missing or wrong API key", "authentication_error"))

@@ -86,18 +86,28 @@ async def whole_generation(
     return await whole_answer(gateway, flight, send, produce)
 
 
-async def whole_answer(gateway: Gateway, flight: Flight, send: Send, produce: Callable[[], Awaitable[Any]]) -> int:
-    """A non-streaming answer: 200 with ``produce()``'s body, or the error's status and body; a
-    stopped call is recorded (and answered only if its client is still there)."""
+ErrorBody = Callable[[BaseException], tuple[int, Any]]
+
+
+async def whole_answer(
+    gateway: Gateway,
+    flight: Flight,
+    send: Send,
+    produce: Callable[[], Awaitable[Any]],
+    errors: ErrorBody = error_body,
+) -> int:
+    """A non-streaming answer: 200 with ``produce()``'s body, or the error's status and body (in
+    the route's wire: ``errors``); a stopped call is recorded (and answered only if its client
+    is still there)."""
     try:
         body = await produce()
     except GenerationCancelledError as err:
         gateway.stop_recorded(flight, err)
         if not flight.client_gone:
-            await guarded_send_json(send, flight, *error_body(err))
+            await guarded_send_json(send, flight, *errors(err))
         return 499
     except Exception as err:
-        status, payload = error_body(err)
+        status, payload = errors(err)
         await guarded_send_json(send, flight, status, payload)
         return status
     await guarded_send_json(send, flight, 200, body)
@@ -150,7 +160,12 @@ class _ChatFrames:
 
 
 async def stream_answer(
-    gateway: Gateway, flight: Flight, send: Send, kwargs: dict[str, Any], frames: StreamFrames
+    gateway: Gateway,
+    flight: Flight,
+    send: Send,
+    kwargs: dict[str, Any],
+    frames: StreamFrames,
+    errors: ErrorBody = error_body,
 ) -> int:
     """A stream. The response starts with the first chunk, so an error before it (unknown
     model, context overflow...) gets its own status and a JSON body; one after it ends the
@@ -166,7 +181,7 @@ async def stream_answer(
             gateway.stop_recorded(flight, err)
             status, failed = 499, err
         except Exception as err:
-            status, failed = error_body(err)[0], err
+            status, failed = errors(err)[0], err
         else:
             writer.start()
             writer.finish(frames.end(result))
@@ -177,7 +192,7 @@ async def stream_answer(
             writer.finish(frames.failure(failed))
         else:
             writer.abandon()
-            await guarded_send_json(send, flight, *error_body(failed))
+            await guarded_send_json(send, flight, *errors(failed))
     return status
 
 

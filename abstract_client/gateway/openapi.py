@@ -111,7 +111,14 @@ _MESSAGE = {
                 {"type": "null"},
                 {
                     "type": "array",
-                    "items": {"type": "object", "required": ["type"], "properties": {"type": {"type": "string"}}},
+                    "items": {
+                        "type": "object",
+                        "required": ["type"],
+                        "properties": {"type": {"type": "string"}},
+                        # a text part's text is a string (the call-boundary check refuses others)
+                        "if": {"properties": {"type": {"const": "text"}}},
+                        "then": {"required": ["text"], "properties": {"text": {"type": "string"}}},
+                    },
                 },
             ]
         },
@@ -415,6 +422,161 @@ _RESPONSE_SCHEMAS = {
 }
 
 
+# -- Anthropic's Messages API (/v1/messages): the blocks each role may send ------------------------
+_M_TEXT = {"type": "object", "required": ["type", "text"], "properties": {"type": {"const": "text"}, "text": _TEXT}}
+_M_TOOL_USE = {
+    "type": "object",
+    "required": ["type", "id", "name", "input"],
+    "properties": {
+        "type": {"const": "tool_use"},
+        "id": {"type": "string"},
+        "name": {"type": "string"},
+        "input": {"type": "object"},
+    },
+}
+_M_TOOL_RESULT = {
+    "type": "object",
+    "required": ["type", "tool_use_id"],
+    "properties": {
+        "type": {"const": "tool_result"},
+        "tool_use_id": {"type": "string"},
+        "content": {"oneOf": [_TEXT, {"type": "array", "items": _M_TEXT}]},
+    },
+}
+_M_THINKING = {
+    "type": "object",
+    "required": ["type", "thinking"],
+    "properties": {"type": {"const": "thinking"}, "thinking": _TEXT, "signature": _TEXT},
+}
+_M_MESSAGE = {
+    "oneOf": [
+        {
+            "type": "object",
+            "required": ["role", "content"],
+            "properties": {
+                "role": {"const": "user"},
+                "content": {"oneOf": [_TEXT, {"type": "array", "items": {"oneOf": [_M_TEXT, _M_TOOL_RESULT]}}]},
+            },
+        },
+        {
+            "type": "object",
+            "required": ["role", "content"],
+            "properties": {
+                "role": {"const": "assistant"},
+                "content": {
+                    "oneOf": [_TEXT, {"type": "array", "items": {"oneOf": [_M_TEXT, _M_TOOL_USE, _M_THINKING]}}]
+                },
+            },
+        },
+    ]
+}
+_M_COMMON = {
+    "model": _or_null({"type": "string"}),
+    "messages": {"type": "array", "minItems": 1, "items": _M_MESSAGE},
+    "system": _or_null({"oneOf": [_TEXT, {"type": "array", "items": _M_TEXT}]}),
+    "tools": _or_null(
+        {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["name", "input_schema"],
+                "properties": {
+                    "name": {"type": "string", "minLength": 1},
+                    "description": _or_null(_TEXT),
+                    "input_schema": {"type": "object"},
+                },
+            },
+        }
+    ),
+    "tool_choice": _or_null(
+        {
+            "oneOf": [
+                {"type": "object", "required": ["type"], "properties": {"type": {"enum": ["auto", "any", "none"]}}},
+                {
+                    "type": "object",
+                    "required": ["type", "name"],
+                    "properties": {"type": {"const": "tool"}, "name": {"type": "string"}},
+                },
+            ]
+        }
+    ),
+}
+_MESSAGES_REQUEST = {
+    "type": "object",
+    "required": ["messages", "max_tokens"],
+    "properties": {
+        **_M_COMMON,
+        "max_tokens": {"type": "integer", "minimum": 1, "maximum": MAX_TOKENS_LIMIT},
+        "temperature": _or_null({"type": "number", "minimum": 0}),
+        "top_p": _or_null({"type": "number", "minimum": 0, "maximum": 1}),
+        "top_k": _or_null({"type": "integer", "minimum": 0}),
+        "stop_sequences": _or_null({"type": "array", "items": _TEXT}),
+        "stream": {"type": "boolean"},
+        "thinking": _or_null(
+            {
+                "type": "object",
+                "required": ["type"],
+                "properties": {
+                    "type": {"enum": ["enabled", "disabled", "adaptive"]},
+                    "budget_tokens": _or_null({"type": "integer"}),
+                },
+            }
+        ),
+        "metadata": _or_null({"type": "object"}),
+    },
+}
+_COUNT_TOKENS_REQUEST = {"type": "object", "required": ["messages"], "properties": _M_COMMON}
+_MESSAGE_SCHEMAS = {
+    "AnthropicMessage": {
+        "type": "object",
+        "required": ["id", "type", "role", "content", "model", "stop_reason", "usage"],
+        "properties": {
+            "id": {"type": "string"},
+            "type": {"const": "message"},
+            "role": {"const": "assistant"},
+            "model": {"type": "string"},
+            "content": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["type"],
+                    "properties": {"type": {"enum": ["text", "thinking", "tool_use"]}},
+                },
+            },
+            "stop_reason": {"enum": ["end_turn", "max_tokens", "stop_sequence", "tool_use", "refusal"]},
+            "usage": {
+                "type": "object",
+                "required": ["input_tokens", "output_tokens"],
+                "properties": {
+                    "input_tokens": {"type": "integer", "minimum": 0},
+                    "output_tokens": {"type": "integer", "minimum": 0},
+                    "cache_read_input_tokens": {"type": "integer", "minimum": 0},
+                },
+            },
+        },
+    },
+    # one event of a message's stream: message_start ... message_stop, or an error event
+    "AnthropicEvent": {
+        "type": "object",
+        "required": ["type"],
+        "properties": {
+            "type": {
+                "enum": [
+                    "message_start",
+                    "content_block_start",
+                    "content_block_delta",
+                    "content_block_stop",
+                    "message_delta",
+                    "message_stop",
+                    "ping",
+                    "error",
+                ]
+            }
+        },
+    },
+}
+
+
 def _ref(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{name}"}
 
@@ -545,6 +707,23 @@ def openapi_document(*, ui: bool = False) -> dict[str, Any]:
                 _RESPONSES_REQUEST,
                 _json_ok("the response", _ref("Response"), frame="ResponseEvent"),
             ),
+            "/v1/messages": _post(
+                "a message (Anthropic's Messages API; stream: SSE events)",
+                _MESSAGES_REQUEST,
+                _json_ok("the message", _ref("AnthropicMessage"), frame="AnthropicEvent"),
+            ),
+            "/v1/messages/count_tokens": _post(
+                "the prompt's tokens, by the backend's own tokenizer",
+                _COUNT_TOKENS_REQUEST,
+                _json_ok(
+                    "the count",
+                    {
+                        "type": "object",
+                        "required": ["input_tokens"],
+                        "properties": {"input_tokens": {"type": "integer"}},
+                    },
+                ),
+            ),
             "/v1/responses/{response_id}": {
                 "get": {
                     "summary": "a background response: as it stands, or its events (stream=true) after starting_after",
@@ -582,7 +761,9 @@ def openapi_document(*, ui: bool = False) -> dict[str, Any]:
             },
             "/openapi.json": {"get": {"responses": {"200": _json_ok("this document")}}},
         },
-        "components": {"schemas": {"Error": _ERROR, "Message": _MESSAGE, **_RESPONSES, **_RESPONSE_SCHEMAS}},
+        "components": {
+            "schemas": {"Error": _ERROR, "Message": _MESSAGE, **_RESPONSES, **_RESPONSE_SCHEMAS, **_MESSAGE_SCHEMAS}
+        },
     }
     if ui:
         page = {"description": "the chat page", "content": {"text/html": {"schema": {"type": "string"}}}}

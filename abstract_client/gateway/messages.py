@@ -1,0 +1,84 @@
+"""``POST /v1/messages`` and ``POST /v1/messages/count_tokens``: Anthropic's Messages API, for
+every backend the gateway serves (Claude Code, the ``anthropic`` SDK, the agents built on them).
+
+The same flight as the chat route (``asgi.GenerationResponse``): keys, request ids, slots,
+bounds, stop records, and a client that leaves is the stop — the upstream severed, the
+in-process engine's flag set. Only the wire differs (``messages_wire.py``)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.types import Send
+
+from .asgi import GenerationResponse
+from .body import read_json, request_id_of
+from .generation import stream_answer, whole_answer
+from .messages_wire import MessageFrames, anthropic_error_body, message_body, messages_args
+from .openai_wire import BadRequest
+from .state import Flight, Gateway
+
+__all__ = ["count_tokens_endpoint", "messages_endpoint"]
+
+
+def _refused(err: BaseException) -> JSONResponse:
+    status, body = anthropic_error_body(err)
+    return JSONResponse(body, status_code=status)
+
+
+def _no_backend(model: Any) -> JSONResponse:
+    body = {"type": "error", "error": {"type": "not_found_error", "message": f"no backend serves model {model!r}"}}
+    return JSONResponse(body, status_code=404)
+
+
+def messages_endpoint(gateway: Gateway) -> Callable[[Request], Awaitable[Any]]:
+    async def handle(request: Request) -> Any:
+        try:
+            body = await read_json(request)
+            kwargs, stream = messages_args(body)
+        except BadRequest as err:
+            return _refused(err)
+        backend = gateway.backend_for(body.get("model"))
+        if backend is None:
+            return _no_backend(body.get("model"))
+        model = str(body.get("model") or backend.name)
+
+        async def run(flight: Flight, send: Send) -> int:
+            if stream:
+                frames = MessageFrames(flight.request_id, model)
+                return await stream_answer(gateway, flight, send, kwargs, frames, anthropic_error_body)
+
+            async def produce() -> Any:
+                result = await flight.backend.llm.agenerate(
+                    **kwargs, signal=flight.controller.signal, request_id=flight.call_id
+                )
+                gateway.metrics.prompt(flight.backend.name, result.usage)
+                return message_body(result, flight.request_id, model)
+
+            return await whole_answer(gateway, flight, send, produce, anthropic_error_body)
+
+        return GenerationResponse(gateway, backend, request_id_of(request), "messages", run)
+
+    return handle
+
+
+def count_tokens_endpoint(gateway: Gateway) -> Callable[[Request], Awaitable[Any]]:
+    async def handle(request: Request) -> Any:
+        try:
+            body = await read_json(request)
+            kwargs, _ = messages_args(body, count_only=True)
+        except BadRequest as err:
+            return _refused(err)
+        backend = gateway.backend_for(body.get("model"))
+        if backend is None:
+            return _no_backend(body.get("model"))
+        try:
+            count = await backend.llm.acount_tokens(messages=kwargs["messages"], timeout=30.0)
+        except Exception as err:  # a lane without a tokenizer route: 400 not supported
+            return _refused(err)
+        return JSONResponse({"input_tokens": count})
+
+    return handle

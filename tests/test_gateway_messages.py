@@ -1,0 +1,184 @@
+"""The gateway serves Anthropic's Messages API (#51): the real ``anthropic`` SDK against it —
+create, stream, close early (the upstream sees the connection go, the gateway records the
+stop), tool use streamed, keys by ``x-api-key``, Anthropic's error shapes — in front of the
+bundled fake and in front of a real llama-server (whose own ``cancel task`` line proves the
+stop)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import anthropic
+import httpx
+import pytest
+
+from abstract_client.gateway.config import BackendConfig, GatewayConfig
+from abstract_client.testing import FakeOpenAIServer
+from abstract_client.testing.gateway import InProcessGateway
+from abstract_client.testing.processes import LlamaServer
+
+from .helpers import WEATHER_TOOL, launch_llama_server, wait_until
+
+KEY = "sk-gateway-test"
+WEATHER = {
+    "name": "get_weather",
+    "description": WEATHER_TOOL["function"]["description"],
+    "input_schema": WEATHER_TOOL["function"]["parameters"],
+}
+
+
+@pytest.fixture
+def upstream() -> Iterator[FakeOpenAIServer]:
+    with FakeOpenAIServer(token_delay=0.005) as server:
+        yield server
+
+
+@pytest.fixture
+def gateway(upstream: FakeOpenAIServer) -> Iterator[InProcessGateway]:
+    backend = BackendConfig(name="m", provider="llamacpp", base_url=upstream.base_url)
+    with InProcessGateway(GatewayConfig(backends=[backend], api_key=KEY)) as gw:
+        yield gw
+
+
+def _client(gw: InProcessGateway, key: str = KEY) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=gw.url, api_key=key, max_retries=0)
+
+
+def test_the_sdk_creates_and_streams_a_message(gateway: InProcessGateway, upstream: FakeOpenAIServer) -> None:
+    client = _client(gateway)
+    message = client.messages.create(
+        model="m", max_tokens=3, system="Be brief.", messages=[{"role": "user", "content": "hello there"}]
+    )
+    assert [b.type for b in message.content] == ["text"] and message.content[0].text == "tok0 tok1 tok2 "
+    assert message.stop_reason == "max_tokens" and message.usage.output_tokens == 3
+    assert upstream.last.body["messages"][0] == {"role": "system", "content": "Be brief."}
+    with client.messages.stream(model="m", max_tokens=4, messages=[{"role": "user", "content": "hi"}]) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == "tok0 tok1 tok2 tok3 " and final.stop_reason == "max_tokens" and final.usage.output_tokens == 4
+
+
+def test_a_client_that_closes_its_stream_stops_the_upstream(
+    gateway: InProcessGateway, upstream: FakeOpenAIServer
+) -> None:
+    upstream.behavior.token_delay = 0.01
+    client = _client(gateway)
+    with client.messages.stream(
+        model="m",
+        max_tokens=10_000,
+        messages=[{"role": "user", "content": "a long story"}],
+        extra_headers={"X-Request-Id": "story-1"},
+    ) as stream:
+        for n, _ in enumerate(stream.text_stream):
+            if n == 5:
+                break  # leaving the block closes the connection
+    record = upstream.last
+    upstream.wait_for_disconnect(record, timeout=10)
+    assert record.tokens_sent < 10_000
+    stop = {}
+
+    def recorded() -> bool:
+        nonlocal stop
+        answer = httpx.get(f"{gateway.url}/v1/requests/story-1", headers={"x-api-key": KEY})
+        stop = answer.json() if answer.status_code == 200 else {}
+        return bool(stop)
+
+    assert wait_until(recorded, timeout=10), "the gateway recorded no stop"
+    assert stop["reason"] == "client_disconnect"
+
+
+def test_a_tool_call_streams_as_a_tool_use_block(gateway: InProcessGateway, upstream: FakeOpenAIServer) -> None:
+    upstream.behavior.script = [
+        {"tool": 0, "id": "call_1", "name": "get_weather", "arguments": '{"city": '},
+        {"tool": 0, "arguments": '"Paris"}'},
+    ]
+    upstream.behavior.template_tools = True
+    client = _client(gateway)
+    with client.messages.stream(
+        model="m",
+        max_tokens=50,
+        tools=[WEATHER],  # type: ignore[list-item]
+        tool_choice={"type": "any"},
+        messages=[{"role": "user", "content": "Weather in Paris?"}],
+    ) as stream:
+        final = stream.get_final_message()
+    (block,) = final.content
+    assert block.type == "tool_use" and block.name == "get_weather" and block.input == {"city": "Paris"}
+    assert final.stop_reason == "tool_use"
+    assert upstream.last.body["tool_choice"] == "required"
+    history: list[Any] = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": block.id, "name": block.name, "input": block.input}],
+        },
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": block.id, "content": "sunny"}]},
+    ]
+    upstream.behavior.script = None
+    client.messages.create(model="m", max_tokens=2, messages=history, tools=[WEATHER])  # type: ignore[list-item]
+    sent = upstream.last.body["messages"]
+    assert sent[1]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    assert sent[2] == {"role": "tool", "tool_call_id": block.id, "content": "sunny"}
+
+
+def test_keys_and_errors_are_anthropics(gateway: InProcessGateway) -> None:
+    with pytest.raises(anthropic.AuthenticationError):
+        _client(gateway, key="wrong").messages.create(
+            model="m", max_tokens=2, messages=[{"role": "user", "content": "hi"}]
+        )
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        _client(gateway).messages.create(
+            model="m", max_tokens=2, messages=[{"role": "user", "content": [{"type": "document", "source": {}}]}]
+        )
+    assert refused.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+    answer = httpx.post(
+        f"{gateway.url}/v1/messages",
+        headers={"x-api-key": KEY},
+        json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+    )
+    assert answer.status_code == 400
+    assert answer.json() == {
+        "type": "error",
+        "error": {"type": "invalid_request_error", "message": "max_tokens is required: an integer"},
+    }
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
+    server = launch_llama_server(tmp_path_factory, "llama-gateway-messages")
+    yield server
+    server.stop()
+
+
+@pytest.mark.llamacpp
+def test_the_sdk_through_the_gateway_stops_a_real_llama_server(llama: LlamaServer) -> None:
+    backend = BackendConfig(name="smollm2", provider="llamacpp", base_url=llama.url)
+    with InProcessGateway(GatewayConfig(backends=[backend])) as gw:
+        client = anthropic.Anthropic(base_url=gw.url, api_key="unused", max_retries=0)
+        counted = client.messages.count_tokens(model="smollm2", messages=[{"role": "user", "content": "hello there"}])
+        assert counted.input_tokens > 2  # llama-server's own tokenizer, the chat template applied
+        message = client.messages.create(
+            model="smollm2",
+            max_tokens=20,
+            extra_body={"temperature": 0},
+            system="You are a helpful assistant.",
+            messages=[{"role": "user", "content": "What is the capital of France?"}],
+        )
+        assert "Paris" in message.content[0].text  # type: ignore[union-attr]
+        cancels = len(llama.cancelled_tasks())
+        with client.messages.stream(
+            model="smollm2",
+            max_tokens=2000,
+            messages=[{"role": "user", "content": "Write a very long story about a dragon."}],
+            extra_body={"ignore_eos": True},
+        ) as stream:
+            for n, _ in enumerate(stream.text_stream):
+                if n == 10:
+                    break
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and len(llama.cancelled_tasks()) <= cancels:
+            time.sleep(0.05)
+        assert len(llama.cancelled_tasks()) > cancels, "no 'cancel task' in llama-server's log"
+        assert llama.wait_idle(15.0), f"slot still processing: {llama.slots()}"
