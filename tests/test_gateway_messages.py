@@ -182,3 +182,42 @@ def test_the_sdk_through_the_gateway_stops_a_real_llama_server(llama: LlamaServe
             time.sleep(0.05)
         assert len(llama.cancelled_tasks()) > cancels, "no 'cancel task' in llama-server's log"
         assert llama.wait_idle(15.0), f"slot still processing: {llama.slots()}"
+
+
+def test_what_claude_code_sends_is_served(gateway: InProcessGateway, upstream: FakeOpenAIServer) -> None:
+    """Claude Code 2.1.327's request, in the shape it was recorded (2026-12-06): a
+    billing block at the top of its system prompt (it would defeat every prefix cache: not sent
+    on), a ``system`` turn after the first user turn, text blocks with ``cache_control``, its
+    whole tool list with no ``tool_choice`` (on a model that cannot call tools: not offered, so
+    an answer in words comes back instead of an error), and fields the gateway does not use."""
+    upstream.behavior.template_tools = False  # SmolLM2's template: no tool calls
+    upstream.behavior.answer = "Hi!"  # (max_tokens is 32,000: the fake's endless answer would take minutes)
+    body = {
+        "model": "m",
+        "max_tokens": 32000,
+        "stream": True,
+        "system": [
+            {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.327.8c9; cc_entrypoint=sdk-cli;"},
+            {"type": "text", "text": "You are a Claude agent.", "cache_control": {"type": "ephemeral"}},
+        ],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "Say hi", "cache_control": {"type": "ephemeral"}}]},
+            {"role": "system", "content": [{"type": "text", "text": "# Environment\nPlatform: linux"}]},
+        ],
+        "tools": [WEATHER],
+        "thinking": {"type": "adaptive", "display": "omitted"},
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+        "output_config": {"effort": "high"},
+        "metadata": {"user_id": "{}"},
+    }
+    with httpx.stream("POST", f"{gateway.url}/v1/messages", headers={"x-api-key": KEY}, json=body) as answer:
+        assert answer.status_code == 200, answer.read()
+        events = [line.removeprefix("event: ") for line in answer.iter_lines() if line.startswith("event: ")]
+    assert events[0] == "message_start" and events[-2:] == ["message_delta", "message_stop"]
+    sent = upstream.last.body
+    assert sent["messages"][0] == {"role": "system", "content": "You are a Claude agent."}  # no billing block
+    assert sent["messages"][1:] == [
+        {"role": "user", "content": "Say hi"},
+        {"role": "system", "content": "# Environment\nPlatform: linux"},
+    ]
+    assert "tools" not in sent

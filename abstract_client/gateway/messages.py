@@ -7,6 +7,7 @@ in-process engine's flag set. Only the wire differs (``messages_wire.py``)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -14,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import Send
 
+from ..types import GenerationRequest
 from .asgi import GenerationResponse
 from .body import read_json, request_id_of
 from .generation import stream_answer, whole_answer
@@ -22,6 +24,8 @@ from .openai_wire import BadRequest
 from .state import Flight, Gateway
 
 __all__ = ["count_tokens_endpoint", "messages_endpoint"]
+
+log = logging.getLogger(__name__)
 
 
 def _refused(err: BaseException) -> JSONResponse:
@@ -32,6 +36,25 @@ def _refused(err: BaseException) -> JSONResponse:
 def _no_backend(model: Any) -> JSONResponse:
     body = {"type": "error", "error": {"type": "not_found_error", "message": f"no backend serves model {model!r}"}}
     return JSONResponse(body, status_code=404)
+
+
+async def _offer_tools_if_callable(flight: Flight, kwargs: dict[str, Any]) -> None:
+    """An agent sends its whole tool list with every turn and leaves the choice to the model
+    (no ``tool_choice``: auto). On a backend whose model cannot call tools, the library refuses
+    an auto choice (a typed error: it cannot be honoured); here the tools are not offered
+    instead, as llama-server and Ollama do themselves, so the agent gets an answer in words. A
+    ``tool_choice`` the client gave is left to the library (any/tool: constrained output)."""
+    if not kwargs.get("tools") or "tool_choice" in kwargs:
+        return
+    provider = flight.backend.llm.provider
+    probe = GenerationRequest(messages=[], model=provider.model, tools=kwargs["tools"], tool_choice="auto")
+    try:
+        callable_tools = await provider.native_tools(probe)
+    except Exception:  # the backend's capability could not be read: let the call say what fails
+        return
+    if not callable_tools:
+        log.info("%s: the model does not call tools; %d tool(s) not offered", flight.request_id, len(kwargs["tools"]))
+        del kwargs["tools"]
 
 
 def messages_endpoint(gateway: Gateway) -> Callable[[Request], Awaitable[Any]]:
@@ -47,6 +70,7 @@ def messages_endpoint(gateway: Gateway) -> Callable[[Request], Awaitable[Any]]:
         model = str(body.get("model") or backend.name)
 
         async def run(flight: Flight, send: Send) -> int:
+            await _offer_tools_if_callable(flight, kwargs)
             if stream:
                 frames = MessageFrames(flight.request_id, model)
                 return await stream_answer(gateway, flight, send, kwargs, frames, anthropic_error_body)

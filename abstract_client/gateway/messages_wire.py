@@ -57,6 +57,18 @@ def _text(content: Any, where: str) -> str:
     raise BadRequest(f"{where} must be a string or a list of text blocks")
 
 
+_BILLING = "x-anthropic-billing-header:"
+
+
+def _without_billing(content: Any) -> Any:
+    """A system prompt without Claude Code's attribution block (``x-anthropic-billing-header:
+    cc_version=…``): metadata for Anthropic's billing, not an instruction, and a line that varies
+    at the very top of the prompt would defeat every prefix cache behind the gateway."""
+    if isinstance(content, list):
+        return [b for b in content if not (isinstance(b, dict) and str(b.get("text", "")).startswith(_BILLING))]
+    return content
+
+
 def _image_part(block: dict[str, Any], where: str) -> dict[str, Any]:
     source = block.get("source")
     if not isinstance(source, dict):
@@ -77,8 +89,10 @@ def _turn(message: Any, i: int) -> list[dict[str, Any]]:
     if not isinstance(message, dict):
         raise BadRequest(f"{where} must be an object")
     role, content = message.get("role"), message.get("content")
+    if role == "system":  # a system turn in the conversation (Claude Code sends one after the first user turn)
+        return [{"role": "system", "content": _text(_without_billing(content), f"{where}.content")}]
     if role not in ("user", "assistant"):
-        raise BadRequest(f"{where}.role must be user or assistant")
+        raise BadRequest(f"{where}.role must be user, assistant or system")
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
@@ -173,7 +187,7 @@ def messages_args(body: Any, *, count_only: bool = False) -> tuple[dict[str, Any
         raise BadRequest(f"a request holds at most {MAX_MESSAGES} messages, not {len(turns)}")
     messages: list[dict[str, Any]] = []
     if body.get("system") is not None:
-        system = _text(body["system"], "system")
+        system = _text(_without_billing(body["system"]), "system")
         if system:
             messages.append({"role": "system", "content": system})
     for i, turn in enumerate(turns):

@@ -462,6 +462,14 @@ _M_MESSAGE = {
             "type": "object",
             "required": ["role", "content"],
             "properties": {
+                "role": {"const": "system"},
+                "content": {"oneOf": [_TEXT, {"type": "array", "items": _M_TEXT}]},
+            },
+        },
+        {
+            "type": "object",
+            "required": ["role", "content"],
+            "properties": {
                 "role": {"const": "assistant"},
                 "content": {
                     "oneOf": [_TEXT, {"type": "array", "items": {"oneOf": [_M_TEXT, _M_TOOL_USE, _M_THINKING]}}]
