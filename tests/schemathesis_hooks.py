@@ -46,6 +46,20 @@ def _function_names(tools: Any) -> set[str]:
     }
 
 
+def _flat_tools(body: dict[str, Any], schema_key: str) -> set[Any]:
+    """A flat tool list (``{"name", schema_key}``: Responses, Messages) with its names made
+    unique and its schemas valid; the names."""
+    names: set[Any] = set()
+    for i, tool in enumerate(body.get("tools") if isinstance(body.get("tools"), list) else []):
+        if isinstance(tool, dict) and schema_key in tool:
+            tool[schema_key] = _valid_schema(tool[schema_key])
+        if isinstance(tool, dict) and isinstance(tool.get("name"), str):
+            if tool["name"] in names:
+                tool["name"] = f"{tool['name']}_{i}"
+            names.add(tool["name"])
+    return names
+
+
 def make_consistent(body: Any) -> None:
     if not isinstance(body, dict):
         return
@@ -90,15 +104,7 @@ def make_response_consistent(body: Any) -> None:
         return
     if body.get("background") is True and body.get("store") is False:
         body["store"] = True
-    tools = body.get("tools") if isinstance(body.get("tools"), list) else []
-    names: set[Any] = set()
-    for i, tool in enumerate(tools):
-        if isinstance(tool, dict) and "parameters" in tool:
-            tool["parameters"] = _valid_schema(tool["parameters"])
-        if isinstance(tool, dict) and isinstance(tool.get("name"), str):
-            if tool["name"] in names:
-                tool["name"] = f"{tool['name']}_{i}"
-            names.add(tool["name"])
+    names = _flat_tools(body, "parameters")
     choice = body.get("tool_choice")
     named = choice.get("name") if isinstance(choice, dict) else None
     if (choice == "required" and not names) or (
@@ -128,15 +134,7 @@ def make_message_consistent(body: Any) -> None:
     (else it becomes a text block)."""
     if not isinstance(body, dict):
         return
-    tools = body.get("tools") if isinstance(body.get("tools"), list) else []
-    names: set[Any] = set()
-    for i, tool in enumerate(tools):
-        if isinstance(tool, dict) and "input_schema" in tool:
-            tool["input_schema"] = _valid_schema(tool["input_schema"])
-        if isinstance(tool, dict) and isinstance(tool.get("name"), str):
-            if tool["name"] in names:
-                tool["name"] = f"{tool['name']}_{i}"
-            names.add(tool["name"])
+    names = _flat_tools(body, "input_schema")
     choice = body.get("tool_choice")
     named = choice.get("name") if isinstance(choice, dict) else None
     if isinstance(choice, dict) and choice.get("type") == "tool" and not (isinstance(named, str) and named in names):

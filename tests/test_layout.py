@@ -144,17 +144,19 @@ def test_nothing_imports_a_generic_top_level_name() -> None:
     """An application's own ``providers`` (or ``tests``, ``app``) package must never be what the
     library imports: every absolute import of ours is under ``abstract_client``."""
     generic = {"providers", "tests", "app", "scripts", "benchmarks", "examples"}
-    found = []
-    for name, path in modules().items():
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and not node.level:
-                targets = [node.module or ""]
-            else:
-                continue
-            found += [f"{name}: {t}" for t in targets if t.split(".")[0] in generic]
-    assert found == []
+    found = [f"{name}: {t}" for name, path in modules().items() for t in absolute_imports(path)]
+    assert [f for f in found if f.split(": ")[1].split(".")[0] in generic] == []
+
+
+def absolute_imports(path: Path) -> list[str]:
+    """The modules ``path`` imports by an absolute name."""
+    targets: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            targets.append(node.module or "")
+    return targets
 
 
 def test_every_file_is_one_module_object() -> None:
@@ -169,17 +171,13 @@ def test_every_file_is_one_module_object() -> None:
     probe = "import providers.openai_compatible"
     proc = subprocess.run([sys.executable, "-c", probe], cwd=root, capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and "import the lanes as abstract_client.providers" in proc.stderr
-    found = []
-    for folder in ("tests", "benchmarks", "scripts", "examples", "abstract_client", "providers"):
-        for path in (root / folder).rglob("*.py"):
-            for node in ast.walk(ast.parse(path.read_text())):
-                if isinstance(node, ast.Import):
-                    targets = [alias.name for alias in node.names]
-                elif isinstance(node, ast.ImportFrom) and not node.level:
-                    targets = [node.module or ""]
-                else:
-                    continue
-                found += [f"{path.relative_to(root)}: {t}" for t in targets if t.split(".")[0] == "providers"]
+    found = [
+        f"{path.relative_to(root)}: {target}"
+        for folder in ("tests", "benchmarks", "scripts", "examples", "abstract_client", "providers")
+        for path in (root / folder).rglob("*.py")
+        for target in absolute_imports(path)
+        if target.split(".")[0] == "providers"
+    ]
     assert found == []
     from abstract_client.providers import openai_compatible
     from abstract_client.registry import _factory

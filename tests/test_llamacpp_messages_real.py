@@ -12,43 +12,22 @@ import pytest
 from abstract_client import LLM, create_llm
 from abstract_client.testing.processes import LlamaServer
 
-from .helpers import launch_llama_server
 from .server_contract import *  # noqa: F403  (the shared suite: ServerLane and its tests)
-from .server_contract import CAPITAL, ServerLane
-from .test_llamacpp_real import assert_server_stopped, long_prompt
+from .server_contract import CAPITAL
+from .test_llamacpp_real import llama, server_lane  # noqa: F401  (its server and its evidence: the same)
 
 pytestmark = pytest.mark.llamacpp
 
 
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
-    server = launch_llama_server(tmp_path_factory, "llama-messages")
-    yield server
-    server.stop()
-
-
 @pytest.fixture
-def lm(llama: LlamaServer) -> Iterator[LLM]:
+def lm(llama: LlamaServer) -> Iterator[LLM]:  # noqa: F811  (the fixture imported above)
     assert llama.wait_idle(10), "a previous test left the slot busy"
     client = create_llm("llamacpp", "smollm2", base_url=llama.url, max_retries=0, wire="messages")
     yield client
     client.close()
 
 
-@pytest.fixture
-def server_lane(llama: LlamaServer) -> ServerLane:
-    return ServerLane(
-        story="Write a very long story about a dragon.",
-        max_tokens=2000,
-        long_prompt=long_prompt(),
-        mark=lambda: len(llama.cancelled_tasks()),
-        decoding=lambda before: (llama.processing_decoded() or 0) >= 10,
-        prefilling=lambda before: llama.processing_decoded() == 0,
-        assert_stopped=lambda before: assert_server_stopped(llama, before),
-    )
-
-
-def test_the_messages_route_answers_as_the_chat_route_does(lm: LLM, llama: LlamaServer) -> None:
+def test_the_messages_route_answers_as_the_chat_route_does(lm: LLM, llama: LlamaServer) -> None:  # noqa: F811
     over_messages = lm.generate(messages=CAPITAL, max_tokens=20, temperature=0)
     assert "Paris" in over_messages.content
     assert isinstance(over_messages.raw, dict) and over_messages.raw.get("type") == "message_stop"  # this wire's end

@@ -54,6 +54,15 @@ JSON = st.recursive(
 FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
 
 
+def _events_into_chunks_or_a_typed_error(decoder: Any, events: list[Any]) -> None:
+    """Feed ``events`` to a stream decoder until it raises one of our errors (anything else fails)."""
+    for event in events:
+        try:
+            decoder.chunks(event)
+        except AbstractClientError:
+            return
+
+
 def _typed_or_nothing(decode: Any, *args: Any) -> None:
     try:
         decode(*args)
@@ -71,12 +80,7 @@ def test_the_chat_wire_decodes_anything_into_chunks_or_a_typed_error(obj: Any) -
 @FUZZ
 @given(st.lists(JSON, max_size=6))
 def test_the_responses_wire_decodes_any_event_sequence_into_chunks_or_a_typed_error(events: list[Any]) -> None:
-    decoder = responses.ResponseEvents()
-    for event in events:
-        try:
-            decoder.chunks(event)
-        except AbstractClientError:
-            break
+    _events_into_chunks_or_a_typed_error(responses.ResponseEvents(), events)
     for event in events:
         _typed_or_nothing(responses.completion_from_response, event)
 
@@ -84,12 +88,7 @@ def test_the_responses_wire_decodes_any_event_sequence_into_chunks_or_a_typed_er
 @FUZZ
 @given(st.lists(JSON, max_size=8))
 def test_the_messages_wire_decodes_any_event_sequence_into_chunks_or_a_typed_error(events: list[Any]) -> None:
-    decoder = messages.MessageEvents()
-    for event in events:
-        try:
-            decoder.chunks(event)
-        except AbstractClientError:
-            break
+    _events_into_chunks_or_a_typed_error(messages.MessageEvents(), events)
     for event in events:
         _typed_or_nothing(messages.completion_from_message, event)
         _typed_or_nothing(messages.usage_of, event)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ._server import Conn, FakeServer, Handler, RequestRecord, decode_image, script_delta, script_finish, script_message
@@ -125,26 +126,39 @@ class FakeOpenAIServer(FakeServer):
             },
         )
 
-    def chat(self, conn: Conn, record: RequestRecord) -> None:
+    def _open(
+        self, conn: Conn, record: RequestRecord, missing: Callable[[str], Any]
+    ) -> tuple[dict[str, Any], str | None, str] | None:
+        """A generation request's start, the same on every wire: its body, its fault (an early
+        one answered here), its model (an unknown one answered 404 with ``missing(model)``).
+        None: the request was answered."""
         body = record.body if isinstance(record.body, dict) else {}
         fault = self._next_fault()
         record.fault = fault
         if self.early_fault(conn, fault):
-            return
+            return None
         model = body.get("model") or "fake-model"
         if model not in self.behavior.models and "fake-model" not in self.behavior.models:
-            conn.send_json(
-                404,
-                {
-                    "error": {
-                        "message": f"The model `{model}` does not exist.",
-                        "type": "NotFoundError",
-                        "param": "model",
-                        "code": 404,
-                    }
-                },
-            )
+            conn.send_json(404, missing(model))
+            return None
+        return body, fault, model
+
+    def chat(self, conn: Conn, record: RequestRecord) -> None:
+        begun = self._open(
+            conn,
+            record,
+            lambda model: {
+                "error": {
+                    "message": f"The model `{model}` does not exist.",
+                    "type": "NotFoundError",
+                    "param": "model",
+                    "code": 404,
+                }
+            },
+        )
+        if begun is None:
             return
+        body, fault, model = begun
         problem = self.history_error(body.get("messages"))
         if problem:
             conn.send_json(400, self.error_body(400, problem))
@@ -250,15 +264,10 @@ class FakeOpenAIServer(FakeServer):
         """``POST /v1/responses`` in the foreground (OpenAI's typed events; no background mode:
         the real vLLM is where that is tested), streaming and not, with the same tokens, script
         and faults as chat."""
-        body = record.body if isinstance(record.body, dict) else {}
-        fault = self._next_fault()
-        record.fault = fault
-        if self.early_fault(conn, fault):
+        begun = self._open(conn, record, lambda model: self.error_body(404, f"The model `{model}` does not exist."))
+        if begun is None:
             return
-        model = body.get("model") or "fake-model"
-        if model not in self.behavior.models and "fake-model" not in self.behavior.models:
-            conn.send_json(404, self.error_body(404, f"The model `{model}` does not exist."))
-            return
+        body, fault, model = begun
         words: list[str] = []
         given = body.get("input")
         for item in given if isinstance(given, list) else [given]:
@@ -423,16 +432,14 @@ class FakeOpenAIServer(FakeServer):
     def messages(self, conn: Conn, record: RequestRecord) -> None:
         """``POST /v1/messages`` (Anthropic's Messages wire, as llama-server, vLLM, Ollama and LM
         Studio serve it), streaming and not, with the same tokens, script and faults as chat."""
-        body = record.body if isinstance(record.body, dict) else {}
-        fault = self._next_fault()
-        record.fault = fault
-        if self.early_fault(conn, fault):
+        begun = self._open(
+            conn,
+            record,
+            lambda model: {"type": "error", "error": {"type": "not_found_error", "message": f"model: {model}"}},
+        )
+        if begun is None:
             return
-        model = body.get("model") or "fake-model"
-        if model not in self.behavior.models and "fake-model" not in self.behavior.models:
-            error = {"type": "not_found_error", "message": f"model: {model}"}
-            conn.send_json(404, {"type": "error", "error": error})
-            return
+        body, fault, model = begun
         tokens, finish = self.tokens(body.get("max_tokens"))
         script = self.behavior.script
         pieces: list[dict[str, Any]] = list(script) if script is not None else [{"content": t} for t in tokens]
