@@ -54,6 +54,9 @@ class Stage:
 
 StageFactory = Callable[[pytest.TempPathFactory, Path], contextlib.AbstractContextManager[Stage]]
 STAGES: dict[str, StageFactory] = {}
+# pages whose stage is a real llama-server: marked as the real-engine tests are (the core suite
+# on the other Python versions runs without engines)
+REAL_SERVER_PAGES = {"docs/embeddings.md", "docs/tools-and-structured-output.md", "docs/resumable.md"}
 
 
 def stage(*pages: str) -> Callable[[StageFactory], StageFactory]:
@@ -107,11 +110,10 @@ def _three_fakes(tmp: pytest.TempPathFactory, home: Path) -> Iterator[Stage]:
 @stage("docs/images.md")
 @contextlib.contextmanager
 def _ollama(tmp: pytest.TempPathFactory, home: Path) -> Iterator[Stage]:
-    """Ollama and llama-server fakes at their default addresses; a screenshot on the Desktop."""
-    from PIL import Image
-
+    """Ollama and llama-server fakes at their default addresses; a screenshot on the Desktop (a
+    PNG by its signature: all the wire carries; no imaging library needed)."""
     (home / "Desktop").mkdir()
-    Image.new("RGB", (64, 48), "red").save(home / "Desktop" / "screenshot.png")
+    (home / "Desktop" / "screenshot.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 8)
     with FakeOllamaServer(token_delay=0.0, models={"llava": True}) as ollama, _fake() as llama:
         yield Stage(
             defaults={
@@ -222,10 +224,14 @@ def _class(path: str) -> Any:
 
 def test_every_page_with_code_has_a_stage() -> None:
     assert sorted(set(pages_with_code()) - set(STAGES)) == []
+    assert {page for page, stage in STAGES.items() if stage in (_llama, _llama_embeddings)} == REAL_SERVER_PAGES
     assert "README.md" in pages_with_code()
 
 
-@pytest.mark.parametrize("page", pages_with_code())
+@pytest.mark.parametrize(
+    "page",
+    [pytest.param(p, marks=pytest.mark.llamacpp) if p in REAL_SERVER_PAGES else p for p in pages_with_code()],
+)
 def test_the_page_runs(
     page: str,
     tmp_path_factory: pytest.TempPathFactory,
