@@ -58,8 +58,9 @@ class Progress:
     fallback: ToolFallback | None = None  # a forced tool call carried as constrained output
     tool_calls: list[ToolCall] = field(default_factory=list)  # set once the answer is judged complete
     parsed: Any = None  # likewise: the validated structured output
-    assembled: bool = False  # the answer was recorded chunk by chunk (streaming wire)
-    plain_route: bool = False  # a non-streaming attempt on the server's plain route (no text until the end)
+    # a non-streaming attempt on the server's plain route: no text until its whole answer, which
+    # is recorded as one chunk (False: recorded chunk by chunk from the streaming wire)
+    plain_route: bool = False
     response_id: str | None = None  # the server's id for the answer (an OpenAI frame's "id"), for tracing
 
     @property

@@ -23,7 +23,7 @@ from __future__ import annotations
 import enum
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 __all__ = ["MOVES", "LifecycleError", "Observer", "Phase", "notify", "observe"]
 
@@ -47,10 +47,6 @@ MOVES: Mapping[Phase, frozenset[Phase]] = {
 
 class LifecycleError(RuntimeError):
     """A move the lifecycle table does not allow (a bug in the contract, not in the caller's use)."""
-
-
-class _Observed(Protocol):
-    request_id: str
 
 
 # observer(call, what, info): ``what`` is the phase moved to ("admitted", "prepared",

@@ -84,7 +84,7 @@ async def first_answer(call: Call) -> Completion:
     await prepare(call)
     completion = await with_retries(call, lambda: complete(call))
     progress = call.progress
-    if not progress.assembled:  # a plain route's whole answer, recorded as one final chunk
+    if progress.plain_route:  # a plain route's whole answer, recorded as one final chunk
         progress.restart()
         for piece in completion.tool_calls:
             progress.tools.feed(piece)
@@ -106,21 +106,23 @@ async def complete(call: Call) -> Completion:
     """One non-streaming attempt: the provider's plain route, or its streaming wire assembled
     here, into the same ``Completion`` (content, usage, timings, finish_reason, model)."""
     provider, request = call.provider, call.wire_request
-    progress = call.progress
     if provider.plain_route and not request.resumable and (not provider.complete_over_stream or request.plain_wire):
-        progress.assembled, progress.plain_route = False, True
-        return await provider.complete(request, call.ctx)
+        return await _complete_plain(call)
     try:
         return await _complete_over_stream(call)
     except StreamRefusedError:
-        if not provider.plain_route or request.resumable or progress.text:
+        if not provider.plain_route or request.resumable or call.progress.text:
             raise
     # A server that answers ``stream: true`` with one JSON body: this lane's calls take its plain
     # route from now on (a stop then cannot keep the partial text: stop_error says so).
     log.warning("%s: the server does not stream; generate() uses its plain route", provider.name)
     provider.complete_over_stream = False
-    progress.assembled, progress.plain_route = False, True
-    return await provider.complete(request, call.ctx)
+    return await _complete_plain(call)
+
+
+async def _complete_plain(call: Call) -> Completion:
+    call.progress.plain_route = True
+    return await call.provider.complete(call.wire_request, call.ctx)
 
 
 async def _complete_over_stream(call: Call) -> Completion:
@@ -128,7 +130,6 @@ async def _complete_over_stream(call: Call) -> Completion:
     progress = call.progress
     progress.restart()
     progress.plain_route = False
-    progress.assembled = True
     last: StreamChunk | None = None
     source = provider.stream(request, call.ctx)
     async with aclosing(source):

@@ -247,9 +247,8 @@ def _usage(usage: Usage | None) -> dict[str, int]:
     """Anthropic counts prompt tokens read from a cache apart from ``input_tokens``."""
     prompt = (usage.prompt_tokens if usage else None) or 0
     cached = (usage.cached_tokens if usage else None) or 0
-    out = {"input_tokens": max(0, prompt - cached), "output_tokens": (usage.completion_tokens if usage else None) or 0}
-    out["cache_read_input_tokens"] = cached
-    return out
+    output = (usage.completion_tokens if usage else None) or 0
+    return {"input_tokens": max(0, prompt - cached), "output_tokens": output, "cache_read_input_tokens": cached}
 
 
 def message_body(result: GenerateResult, request_id: str, model: str) -> dict[str, Any]:
@@ -317,29 +316,27 @@ class MessageFrames:
         self.open = None
         return _event({"type": "content_block_stop", "index": self.index})
 
+    def _piece(self, key: str, block: dict[str, Any], delta: dict[str, Any] | None) -> bytes:
+        """A piece of the answer: the message and its block opened where needed, then its delta."""
+        out = self._start() + self._block(key, block)
+        if delta is None:
+            return out
+        return out + _event({"type": "content_block_delta", "index": self.index, "delta": delta})
+
     def chunk(self, chunk: StreamChunk) -> bytes:
         out = b""
         if chunk.reasoning:
-            out += self._start() + self._block("thinking", {"type": "thinking", "thinking": "", "signature": ""})
-            delta = {"type": "thinking_delta", "thinking": chunk.reasoning}
-            out += _event({"type": "content_block_delta", "index": self.index, "delta": delta})
+            thinking = {"type": "thinking", "thinking": "", "signature": ""}
+            out += self._piece("thinking", thinking, {"type": "thinking_delta", "thinking": chunk.reasoning})
         if chunk.delta:
-            out += self._start() + self._block("text", {"type": "text", "text": ""})
-            delta = {"type": "text_delta", "text": chunk.delta}
-            out += _event({"type": "content_block_delta", "index": self.index, "delta": delta})
+            out += self._piece("text", {"type": "text", "text": ""}, {"type": "text_delta", "text": chunk.delta})
         piece = chunk.tool_call
         if piece is not None:
-            key = f"tool{piece.index}"
-            block = {
-                "type": "tool_use",
-                "id": piece.id or f"toolu_{self.request_id}_{piece.index}",
-                "name": piece.name or "",
-                "input": {},
-            }
-            out += self._start() + self._block(key, block)
-            if piece.arguments_fragment:
-                delta = {"type": "input_json_delta", "partial_json": piece.arguments_fragment}
-                out += _event({"type": "content_block_delta", "index": self.index, "delta": delta})
+            call_id = piece.id or f"toolu_{self.request_id}_{piece.index}"
+            block = {"type": "tool_use", "id": call_id, "name": piece.name or "", "input": {}}
+            fragment = piece.arguments_fragment
+            delta = {"type": "input_json_delta", "partial_json": fragment} if fragment else None
+            out += self._piece(f"tool{piece.index}", block, delta)
         return out
 
     def end(self, result: GenerateResult) -> bytes:

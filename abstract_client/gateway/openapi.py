@@ -424,6 +424,7 @@ _RESPONSE_SCHEMAS = {
 
 # -- Anthropic's Messages API (/v1/messages): the blocks each role may send ------------------------
 _M_TEXT = {"type": "object", "required": ["type", "text"], "properties": {"type": {"const": "text"}, "text": _TEXT}}
+_M_TEXTS = {"oneOf": [_TEXT, {"type": "array", "items": _M_TEXT}]}  # a string, or text blocks
 _M_TOOL_USE = {
     "type": "object",
     "required": ["type", "id", "name", "input"],
@@ -440,7 +441,7 @@ _M_TOOL_RESULT = {
     "properties": {
         "type": {"const": "tool_result"},
         "tool_use_id": {"type": "string"},
-        "content": {"oneOf": [_TEXT, {"type": "array", "items": _M_TEXT}]},
+        "content": _M_TEXTS,
     },
 }
 _M_THINKING = {
@@ -463,7 +464,7 @@ _M_MESSAGE = {
             "required": ["role", "content"],
             "properties": {
                 "role": {"const": "system"},
-                "content": {"oneOf": [_TEXT, {"type": "array", "items": _M_TEXT}]},
+                "content": _M_TEXTS,
             },
         },
         {
@@ -481,7 +482,7 @@ _M_MESSAGE = {
 _M_COMMON = {
     "model": _or_null({"type": "string"}),
     "messages": {"type": "array", "minItems": 1, "items": _M_MESSAGE},
-    "system": _or_null({"oneOf": [_TEXT, {"type": "array", "items": _M_TEXT}]}),
+    "system": _or_null(_M_TEXTS),
     "tools": _or_null(
         {
             "type": "array",
