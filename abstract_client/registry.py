@@ -41,6 +41,7 @@ _BUILTIN: dict[str, str] = {
 _registered: dict[str, Callable[..., Provider]] = {}
 _FLEET_OPTIONS = (
     "policy",
+    "load_bound",
     "hedge_after",
     "max_attempts",
     "weights",

@@ -12,8 +12,18 @@ threads calling in a loop (4-token answers); after ``--phase`` seconds one repli
 calls that stalled (longer than any call of the steady phase), failed calls, p50/p99 latency per
 phase, and the time from the restarted replica answering its readiness route to its first call.
 
+``--routing``: the placement policies side by side (issue #52). ``--replicas`` real
+llama-servers (one thread, one slot each, as a small CPU host runs them); ``--tenants`` tenants,
+each with its own ~600-token system prompt and ``--users`` users, each user a conversation of
+``--turns`` turns; conversations start as a Poisson process (``--rate`` per second) and think
+(exponential, mean 1 s) between turns. Every policy gets fresh prompts (nothing cached from the
+run before it). Printed per policy: time to first chunk p50 / p90, the cached share of prompt
+tokens (llama-server's own ``timings.cache_n`` / ``prompt_n``, as ``usage.cached_tokens``) over
+all calls and over the calls after each tenant's first, and calls per member (busiest / mean).
+
 Usage: python benchmarks/bench_fleet.py [-n 30] [--hedge-after 0.25]
        python benchmarks/bench_fleet.py --outage [--phase 6]
+       python benchmarks/bench_fleet.py --routing [--replicas 3 --tenants 6 --users 3 --turns 4]
 """
 
 from __future__ import annotations
@@ -155,6 +165,111 @@ def outage(binary: Path, model: Path, phase: float, callers: int) -> None:
     print(f"failed calls during the outage: {[c[3] for c in phases['outage (r0 killed)'] if c[3]]}")
 
 
+TENANT_PROMPT = (
+    "You are the assistant of {name}. {name} sells {goods} and ships within three days. "
+    "Answer in one short sentence. Never invent prices. Refunds take five working days. "
+)
+
+
+def tenant_prompt(name: str, goods: str) -> str:
+    return (TENANT_PROMPT.format(name=name, goods=goods) * 12).strip()  # ~600 tokens
+
+
+def one_policy(policy: str, replicas: list[LlamaServer], args: argparse.Namespace) -> dict[str, Any]:
+    """One policy's run: fresh prompts (salted by the policy's name), the same arrivals."""
+    import random
+
+    rng = random.Random(7)  # the same arrivals and think times for every policy
+    members = {
+        f"r{i}": create_llm("llamacpp", "smollm2", base_url=r.url, max_retries=0) for i, r in enumerate(replicas)
+    }
+    calls: list[tuple[int, int, float, int, int, str]] = []  # tenant, turn, ttft ms, prompt, cached, member
+    lock = threading.Lock()
+    with Fleet(members, policy=policy) as fleet:  # type: ignore[arg-type]
+
+        def converse(tenant: int, user: int, start: float, thinks: list[float]) -> None:
+            time.sleep(max(0.0, start - time.perf_counter()))
+            history = [{"role": "system", "content": tenant_prompt(f"{policy}-shop-{tenant}", "bicycles")}]
+            for turn in range(args.turns):
+                history.append({"role": "user", "content": f"User {user} asks question {turn} about delivery."})
+                t0 = time.perf_counter()
+                first = None
+                with fleet.stream(messages=history, max_tokens=8, temperature=0) as stream:  # type: ignore[arg-type]
+                    for _ in stream:
+                        if first is None:
+                            first = time.perf_counter() - t0
+                result = stream.result()
+                u = result.usage
+                with lock:
+                    calls.append(
+                        (tenant, turn, (first or 0.0) * 1000, (u and u.prompt_tokens) or 0,
+                         (u and u.cached_tokens) or 0, result.member or "-")
+                    )  # fmt: skip
+                history.append({"role": "assistant", "content": result.content})
+                time.sleep(thinks[turn])
+
+        t = time.perf_counter() + 0.5
+        threads = []
+        for user in range(args.users):
+            for tenant in range(args.tenants):
+                thinks = [rng.expovariate(1.0) for _ in range(args.turns)]
+                threads.append(threading.Thread(target=converse, args=(tenant, user, t, thinks)))
+                t += rng.expovariate(args.rate)
+        began = time.perf_counter()
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        took = time.perf_counter() - began
+    seen: set[int] = set()
+    later_prompt = later_cached = 0
+    later_ms: list[float] = []
+    for tenant, _turn, ms, prompt, cached, _m in calls:  # in completion order
+        if tenant in seen:
+            later_prompt += prompt
+            later_cached += cached
+            later_ms.append(ms)
+        seen.add(tenant)
+    per_member = {m: sum(1 for c in calls if c[5] == m) for m in members}
+    if args.verbose:
+        for c in calls:
+            print(f"  {policy}: tenant {c[0]} turn {c[1]} on {c[5]}: {c[2]:.0f} ms, {c[4]}/{c[3]} cached")
+    return {
+        "policy": policy,
+        "calls": len(calls),
+        "ttft p50 ms": pct([c[2] for c in calls], 50),
+        "p90": pct([c[2] for c in calls], 90),
+        "p90 after tenant's 1st": pct(later_ms, 90),
+        "cached share (all)": sum(c[4] for c in calls) / max(1, sum(c[3] for c in calls)),
+        "cached (after tenant's 1st)": later_cached / max(1, later_prompt),
+        "calls per member": " ".join(f"{m}:{n}" for m, n in per_member.items()),
+        "busiest / mean": max(per_member.values()) / (len(calls) / len(members)),
+        "wall s": took,
+    }
+
+
+def routing(binary: Path, model: Path, args: argparse.Namespace) -> None:
+    logs = Path(tempfile.mkdtemp())
+    replicas = [
+        LlamaServer.launch(binary, model, log_path=logs / f"r{i}.log", parallel=1, threads=1, ctx=4096)
+        for i in range(args.replicas)
+    ]
+    rows = []
+    try:
+        for policy in args.policies.split(","):
+            rows.append(one_policy(policy, replicas, args))
+            print(rows[-1], flush=True)
+    finally:
+        for r in replicas:
+            r.stop()
+    print_table(
+        f"Routing policies on {args.replicas} llama-server replicas (SmolLM2, 1 thread, 1 slot each): "
+        f"{args.tenants} tenants x {args.users} users x {args.turns} turns, Poisson arrivals {args.rate}/s",
+        rows,
+        digits=2,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-n", type=int, default=30)
@@ -162,12 +277,23 @@ def main() -> None:
     parser.add_argument("--outage", action="store_true", help="the kill/restart scenario instead")
     parser.add_argument("--phase", type=float, default=6.0, help="--outage: seconds per phase")
     parser.add_argument("--callers", type=int, default=4, help="--outage: threads calling in a loop")
+    parser.add_argument("--routing", action="store_true", help="the routing policies side by side instead")
+    parser.add_argument("--replicas", type=int, default=3)
+    parser.add_argument("--tenants", type=int, default=6)
+    parser.add_argument("--users", type=int, default=3)
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--verbose", action="store_true", help="--routing: every call")
+    parser.add_argument("--policies", default="prefix,least_loaded,round_robin,affinity")
+    parser.add_argument("--rate", type=float, default=0.25, help="--routing: conversations started per second")
     args = parser.parse_args()
     binary, model = llama_server_binary(), smollm2_gguf()
     if binary is None or model is None:
         raise SystemExit("llama-server or the model is missing: run scripts/get_llama_server.sh, scripts/get_model.py")
     if args.outage:
         outage(binary, model, args.phase, args.callers)
+        return
+    if args.routing:
+        routing(binary, model, args)
         return
     logs = Path(tempfile.mkdtemp())
     slow = LlamaServer.launch(binary, model, log_path=logs / "slow.log", parallel=2, threads=1)

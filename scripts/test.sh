@@ -74,6 +74,8 @@ bash scripts/get_llama_cpp_python.sh >/dev/null
 python3 scripts/get_model.py >/dev/null          # SmolLM2 GGUF (llama-server)
 python3 scripts/get_model.py --mlx >/dev/null    # the same model as an MLX directory
 bash scripts/get_vllm.sh >/dev/null              # vLLM CPU venv + SmolLM2 in HF format
+CLAUDE_CODE="$(bash scripts/get_claude_code.sh 2>/dev/null | tail -n 1)"  # a real Messages client
+export CLAUDE_CODE
 phase_done "engines and models (cached after the first run)"
 
 echo ">> ruff, mypy, the API reference (mkdocs --strict: a docstring that disagrees fails)"

@@ -56,7 +56,7 @@ def test_round_robin_weighted_and_least_loaded(servers: list[FakeOpenAIServer]) 
         served = [fleet.generate("hi", max_tokens=2).member for _ in range(10)]
         assert Counter(served) == {"m0": 6, "m1": 2, "m2": 2}
         assert served[:5].count("m0") == 3  # interleaved, not in a burst
-    with fleet_of(servers) as fleet:  # least_loaded: two long streams held, the third call goes free
+    with fleet_of(servers, policy="least_loaded") as fleet:  # two long streams held, the third call goes free
         held = [fleet.stream("long", max_tokens=500) for _ in range(2)]
         for stream in held:
             next(iter(stream))
@@ -67,21 +67,24 @@ def test_round_robin_weighted_and_least_loaded(servers: list[FakeOpenAIServer]) 
             stream.close()
 
 
+def members_of_a_conversation(fleet: Fleet, topic: str, turns: int = 4) -> set[str | None]:
+    """The members that served the turns of a short conversation (system prompt "Be brief.")."""
+    history = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": f"a story about a {topic}"},
+    ]
+    members = set()
+    for turn in range(turns):
+        result = fleet.generate(messages=history, max_tokens=2)  # type: ignore[arg-type]
+        members.add(result.member)
+        history += [{"role": "assistant", "content": result.content}, {"role": "user", "content": f"more {turn}"}]
+    return members
+
+
 def test_affinity_keeps_a_conversation_on_one_member(servers: list[FakeOpenAIServer]) -> None:
     with fleet_of(servers, policy="affinity") as fleet:
         for topic in ("fox", "crow", "dog", "cat"):
-            history = [
-                {"role": "system", "content": "Be brief."},
-                {"role": "user", "content": f"a story about a {topic}"},
-            ]
-            members = set()
-            for turn in range(4):
-                result = fleet.generate(messages=history, max_tokens=2)  # type: ignore[arg-type]
-                members.add(result.member)
-                history += [
-                    {"role": "assistant", "content": result.content},
-                    {"role": "user", "content": f"more {turn}"},
-                ]
+            members = members_of_a_conversation(fleet, topic)
             assert len(members) == 1, (topic, members)
         by_session = {fleet.generate(f"turn {i}", session="s-1", max_tokens=2).member for i in range(4)}
         assert len(by_session) == 1

@@ -128,7 +128,7 @@ def test_two_hundred_stops_leave_every_replica_healthy(replicas: list[LlamaServe
     across the fleet leave every member healthy, and each replica logged its own cancels."""
     all_idle(replicas)
     before = [len(s.cancelled_tasks()) for s in replicas]
-    with fleet_of(replicas, failure_threshold=1) as fleet:
+    with fleet_of(replicas, policy="least_loaded", failure_threshold=1) as fleet:
         for i in range(200):
             event = threading.Event()
             with pytest.raises(GenerationCancelledError):
@@ -152,7 +152,9 @@ def test_kill_9_a_replica_mid_stream(replicas: list[LlamaServer]) -> None:
     others go on; new calls go to the live two (none lost, none answered twice); the dead one
     cools down, and is taken back once restarted."""
     all_idle(replicas)
-    fleet = fleet_of(replicas, failure_threshold=2, cooldown=0.5, max_cooldown=2.0, max_attempts=3)
+    fleet = fleet_of(
+        replicas, policy="least_loaded", failure_threshold=2, cooldown=0.5, max_cooldown=2.0, max_attempts=3
+    )
     outcomes: dict[str, Any] = {}
     progress: dict[str, int] = {}
 
@@ -243,3 +245,29 @@ def test_a_request_queued_on_a_killed_replica_fails_over(
         fleet.close()
         hog.close()
         single.stop()
+
+
+def test_prefix_routing_serves_every_later_call_from_a_cache(replicas: list[LlamaServer]) -> None:
+    """Three tenants (each its own system prompt), two users each, two turns a user, through
+    ``policy="prefix"``: every call after its tenant's first finds its prompt in the serving
+    replica's cache — llama-server's own ``timings.cache_n`` / ``prompt_n`` — and a tenant's
+    calls stay on one replica."""
+    all_idle(replicas)
+    seen: set[int] = set()
+    placed: dict[int, set[str | None]] = {0: set(), 1: set(), 2: set()}
+    with fleet_of(replicas, policy="prefix") as fleet:
+        for user in range(2):
+            for tenant in range(3):
+                system = f"You are the assistant of shop {tenant}. Answer in one short sentence. " * 20
+                history = [{"role": "system", "content": system}]
+                for turn in range(2):
+                    history.append({"role": "user", "content": f"User {user}, question {turn}: when do you open?"})
+                    result = fleet.generate(messages=history, max_tokens=6, temperature=0)  # type: ignore[arg-type]
+                    history.append({"role": "assistant", "content": result.content})
+                    placed[tenant].add(result.member)
+                    usage = result.usage
+                    assert usage is not None and usage.prompt_tokens
+                    if tenant in seen:
+                        assert (usage.cached_tokens or 0) >= 0.85 * usage.prompt_tokens, (tenant, user, turn, usage)
+                    seen.add(tenant)
+    assert all(len(members) == 1 for members in placed.values()), placed

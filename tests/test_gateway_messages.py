@@ -145,6 +145,38 @@ def test_keys_and_errors_are_anthropics(gateway: InProcessGateway) -> None:
     }
 
 
+def test_the_gateways_own_refusals_are_anthropics_too(upstream: FakeOpenAIServer) -> None:
+    """A full queue (503 ``overloaded_error``, with Retry-After) and a request id already in
+    flight (409): the gateway's own answers, in the route's shape; and the stream opens with
+    ``message_start`` then ``ping``, as Anthropic's does."""
+    upstream.behavior.token_delay = 0.02
+    backend = BackendConfig(
+        name="m", provider="llamacpp", base_url=upstream.base_url, max_concurrent=1, queue_timeout=0.3
+    )
+    with InProcessGateway(GatewayConfig(backends=[backend], api_key=KEY)) as gw:
+        body = {"model": "m", "max_tokens": 10_000, "stream": True, "messages": [{"role": "user", "content": "long"}]}
+        headers = {"x-api-key": KEY, "x-request-id": "held-1"}
+        with httpx.stream("POST", f"{gw.url}/v1/messages", json=body, headers=headers, timeout=30) as held:
+            lines = held.iter_lines()  # kept open: leaving a for loop over it would close the response
+            events: list[str] = []
+            while len(events) < 3:
+                line = next(lines)
+                if line.startswith("event: "):
+                    events.append(line[7:])
+            assert events == ["message_start", "ping", "content_block_start"]
+            busy = httpx.post(
+                f"{gw.url}/v1/messages", json=body | {"stream": False}, headers={"x-api-key": KEY}, timeout=30
+            )
+            assert busy.status_code == 503 and busy.headers["retry-after"]
+            assert busy.json()["type"] == "error" and busy.json()["error"]["type"] == "overloaded_error"
+            twice = httpx.post(f"{gw.url}/v1/messages", json=body, headers=headers, timeout=30)
+            assert twice.status_code == 409
+            assert (
+                twice.json()["error"]["type"] == "invalid_request_error"
+                and "held-1" in twice.json()["error"]["message"]
+            )
+
+
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
     server = launch_llama_server(tmp_path_factory, "llama-gateway-messages")

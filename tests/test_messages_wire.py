@@ -15,7 +15,7 @@ from abstract_client import (
     ServerUnavailableError,
     create_llm,
 )
-from abstract_client.testing import FakeOpenAIServer
+from abstract_client.testing import FakeLMStudioServer, FakeOllamaServer, FakeOpenAIServer
 
 from .helpers import WEATHER_TOOL, press_when
 
@@ -111,10 +111,14 @@ def test_a_stop_mid_tool_call_hands_out_no_truncated_call(fake: FakeOpenAIServer
     assert info.value.partial_tool_call is not None and info.value.partial_tool_call.name == "get_weather"
 
 
+@pytest.mark.parametrize("lane", ["vllm", "ollama", "lmstudio"])
 @pytest.mark.parametrize("method", ["stream", "generate"])
-def test_a_stop_severs_and_keeps_the_partial_text(method: str) -> None:
-    with FakeOpenAIServer(token_delay=0.01) as server:
-        with create_llm("vllm", "fake-model", base_url=server.base_url, wire="messages") as llm:
+def test_a_stop_severs_and_keeps_the_partial_text(method: str, lane: str) -> None:
+    """Every server that serves ``/v1/messages`` (vLLM, Ollama 0.14+, LM Studio: their fakes,
+    each with its own quirks elsewhere) sees the stop as its client's disconnect."""
+    fake = {"vllm": FakeOpenAIServer, "ollama": FakeOllamaServer, "lmstudio": FakeLMStudioServer}[lane]
+    with fake(token_delay=0.01) as server:
+        with create_llm(lane, "fake-model", base_url=server.base_url, wire="messages") as llm:
             stop = threading.Event()
             press = press_when(lambda: server.records and server.last.tokens_sent >= 3, stop.set)
             with pytest.raises(GenerationCancelledError) as info:
@@ -127,7 +131,7 @@ def test_a_stop_severs_and_keeps_the_partial_text(method: str) -> None:
         record = server.last
         seen = server.wait_for_disconnect(record)
         assert seen - pressed < SERVER_SEES_EOF_S  # the server's own record of the disconnect
-        assert record.body["stream"] is True and record.tokens_sent < 10_000
+        assert record.path == "/v1/messages" and record.body["stream"] is True and record.tokens_sent < 10_000
         assert info.value.partial_text.startswith("tok0")
 
 

@@ -22,9 +22,14 @@ class Fleet(LLM):
     Args:
         members: the members, as a list (named by their base URL, or lane and model) or a
             mapping of name to ``LLM``. The fleet owns them: ``close()`` closes them.
-        policy: ``"least_loaded"`` (default), ``"round_robin"``, ``"weighted"`` or
-            ``"affinity"`` (a conversation, by its ``session=`` or its opening, sticks to one
-            member so its KV cache is reused).
+        policy: ``"least_loaded"`` (default), ``"round_robin"``, ``"weighted"``, ``"prefix"``
+            (where the longest opening of the prompt is cached, within ``load_bound``: see
+            :mod:`abstract_client.fleet.prefix`) or ``"affinity"`` (a conversation, by its
+            opening, sticks to one member). A call's ``session=`` sticks to one member under
+            every policy.
+        load_bound: ``"prefix"``: no member takes a call that would put it above this multiple
+            of the members' mean calls in flight (>= 1; 1.25 by default): a hot prefix spills
+            to its next-best members.
         hedge_after: seconds (or ``"p90"``-style: a percentile of observed time to first chunk)
             after which a call with no chunk yet is sent to a second member too; the first to
             answer wins, the other is stopped. None: no hedging.
@@ -45,7 +50,8 @@ class Fleet(LLM):
         self,
         members: Sequence[LLM] | Mapping[str, LLM],
         *,
-        policy: Policy = "least_loaded",
+        policy: Policy = "prefix",
+        load_bound: float = 1.25,
         hedge_after: float | str | None = None,
         max_attempts: int = 2,
         weights: Sequence[float] | Mapping[str, float] | None = None,
@@ -75,7 +81,7 @@ class Fleet(LLM):
         self.members = [Member.of(name, llm, weight_of[name], health) for name, llm in named.items()]
         provider = FleetProvider(
             self.members,
-            router=Router(policy),
+            router=Router(policy, load_bound=load_bound),
             max_attempts=max_attempts,
             hedge_after=hedge_after,
             probe_timeout=probe_timeout,

@@ -38,7 +38,7 @@ from .attempt import Attempt
 from .health import may_fail_over
 from .member import Member
 from .prober import Prober
-from .routing import Router, affinity_key
+from .routing import RouteKey, Router
 
 __all__ = ["FleetProvider"]
 
@@ -112,7 +112,7 @@ class FleetProvider(Provider):
         while len(self._served) > 1024:
             self._served.popitem(last=False)
 
-    def _choose(self, request: GenerationRequest, tried: set[str], key: str | None) -> Member | None:
+    def _choose(self, tried: set[str], key: RouteKey | None) -> Member | None:
         """A member not tried yet: a healthy one; when none is left, a down one whose cooldown
         ended (the last resort). Never a probe here: the prober brings members back."""
         now = time.monotonic()
@@ -139,7 +139,7 @@ class FleetProvider(Provider):
         session = request.extra.get("session")
         if session is not None:
             request = replace(request, extra={k: v for k, v in request.extra.items() if k != "session"})
-        key = affinity_key(request, None if session is None else str(session))
+        key = self.router.key_for(request, None if session is None else str(session))
         attempts: list[Attempt] = []
         self._running[ctx.request_id] = attempts
         winner: Attempt | None = None
@@ -168,7 +168,7 @@ class FleetProvider(Provider):
                     await attempt.close()
 
     async def _first_chunk(
-        self, request: GenerationRequest, ctx: CallContext, attempts: list[Attempt], key: str | None
+        self, request: GenerationRequest, ctx: CallContext, attempts: list[Attempt], key: RouteKey
     ) -> tuple[Attempt, StreamChunk | None]:
         """Start attempts until one produces its first chunk (or its end): failover and hedging.
         Returns the winner; every other attempt is stopped and closed."""
@@ -182,7 +182,7 @@ class FleetProvider(Provider):
             # at most max_attempts members for failover; a hedge is one more copy on top
             if len(tried) >= self.max_attempts + (1 if hedged else 0) or ctx.token.is_set:
                 return False
-            member = self._choose(request, tried, key)
+            member = self._choose(tried, key)
             if member is None:
                 return False
             tried.add(member.name)
@@ -270,7 +270,7 @@ class FleetProvider(Provider):
         tried: set[str] = set()
         last: BaseException | None = None
         for _ in range(max(self.max_attempts, 1)):
-            member = self._choose(GenerationRequest(messages=[], model=self.model), tried, None)
+            member = self._choose(tried, None)
             if member is None:
                 break
             tried.add(member.name)

@@ -4,10 +4,16 @@
 * ``round_robin``: each member in turn.
 * ``weighted``: smooth weighted round robin (nginx's): member i serves ``w_i / Σw`` of the calls,
   interleaved rather than in bursts.
+* ``prefix``: where the longest opening of the prompt is already cached, within a bound on load
+  (``fleet/prefix.py``): calls that share a system prompt share a member, a conversation's next
+  turn follows its previous one, and a hot prefix spills to its next-best members.
 * ``affinity``: a conversation sticks to one member, so its KV cache (llama-server's prompt
   cache, vLLM's prefix cache) is reused: the key is the call's ``session=`` or, without one, its
   opening (the system message and the first user message); the member is chosen by rendezvous
   hashing, so a member that leaves moves only its own conversations.
+
+A call's ``session=`` wins under ``prefix`` too (rendezvous on it, no load bound: a session is a
+promise to stick). Calls with no prompt (embeddings, token counts) go least-loaded.
 
 Members in cooldown are skipped; if every candidate is cooling down, none is chosen.
 """
@@ -17,17 +23,29 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from ..types import GenerationRequest
+from .prefix import PrefixTable, place, prefix_blocks
 
 if TYPE_CHECKING:
     from .member import Member
 
-__all__ = ["POLICIES", "Policy", "Router", "affinity_key"]
+__all__ = ["POLICIES", "Policy", "RouteKey", "Router", "affinity_key"]
 
-Policy = Literal["least_loaded", "round_robin", "weighted", "affinity"]
-POLICIES: tuple[Policy, ...] = ("least_loaded", "round_robin", "weighted", "affinity")
+Policy = Literal["least_loaded", "round_robin", "weighted", "affinity", "prefix"]
+POLICIES: tuple[Policy, ...] = ("least_loaded", "round_robin", "weighted", "affinity", "prefix")
+
+
+@dataclass(frozen=True)
+class RouteKey:
+    """What a call is routed by: its ``session=`` (or affinity's opening), and under ``prefix``
+    its prompt's block chain."""
+
+    sticky: str
+    session: bool
+    blocks: tuple[int, ...] = ()
 
 
 def affinity_key(request: GenerationRequest, session: str | None) -> str:
@@ -48,25 +66,42 @@ def _score(key: str, member: str) -> int:
 
 
 class Router:
-    """Picks the member for a call under the fleet's policy, among the healthy ones not yet tried."""
+    """Picks the member for a call under the fleet's policy, among the healthy ones not yet tried.
+    ``load_bound`` (``prefix``): no member takes a call that would put it above this multiple of
+    the members' mean load."""
 
-    def __init__(self, policy: Policy) -> None:
+    def __init__(self, policy: Policy, *, load_bound: float = 1.25) -> None:
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)}, not {policy!r}")
+        if not load_bound >= 1.0:
+            raise ValueError(f"load_bound must be >= 1 (a multiple of the mean load), not {load_bound!r}")
         self.policy = policy
+        self.load_bound = load_bound
+        self.table = PrefixTable()
         self._lock = threading.Lock()
         self._next = 0
         self._current: dict[str, float] = {}  # smooth weighted round robin's running weights
 
-    def pick(self, members: Sequence[Member], key: str | None, *, first: bool = True) -> Member | None:
+    def key_for(self, request: GenerationRequest, session: str | None) -> RouteKey:
+        """A generation call's routing key under this policy."""
+        sticky = affinity_key(request, session)
+        blocks = prefix_blocks(request) if self.policy == "prefix" else ()
+        return RouteKey(sticky, session is not None, blocks)
+
+    def pick(self, members: Sequence[Member], key: RouteKey | None, *, first: bool = True) -> Member | None:
         """The member for the next attempt among ``members`` (already filtered: not cooling,
         not tried yet); None if there is none. ``first``: the call's first attempt (a failover
         or a hedge does not move the round-robin turn: the next call still gets its own)."""
         if not members:
             return None
         with self._lock:
-            if self.policy == "affinity" and key is not None:
-                return max(members, key=lambda m: _score(key, m.name))
+            if key is not None and (key.session or self.policy == "affinity"):
+                sticky = key.sticky
+                return max(members, key=lambda m: _score(sticky, m.name))
+            if self.policy == "prefix" and key is not None:
+                chosen = place(members, key.blocks, self.table, self.load_bound)
+                self.table.record(key.blocks, chosen.name)
+                return chosen
             if self.policy == "weighted" and first:
                 total = sum(m.weight for m in members)
                 for m in members:

@@ -50,9 +50,18 @@ class GenerationResponse:
         request_id: str,
         endpoint: str,
         run: Callable[[Flight, Send], Awaitable[int]],
+        shape: Callable[[int, Any], Any] | None = None,
     ) -> None:
+        """``shape(status, body)``: the route's error shape for the gateway's own refusals
+        (written in OpenAI's; the Messages route answers in Anthropic's)."""
         self.gateway, self.backend, self.request_id = gateway, backend, request_id
         self.endpoint, self.run = endpoint, run
+        self.shape = shape or (lambda status, body: body)
+
+    async def _refuse(
+        self, send: Send, status: int, body: Any, headers: list[tuple[bytes, bytes]] | None = None
+    ) -> None:
+        await send_json(send, status, self.shape(status, body), headers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gateway, backend = self.gateway, self.backend
@@ -60,7 +69,7 @@ class GenerationResponse:
         key = scoped(self.request_id, state.get("owner"))  # another key's id of the same name is not ours
         if key in gateway.flights:
             message = f"request {self.request_id} is already in flight"
-            await send_json(send, 409, openai_error(message, "invalid_request_error", "duplicate_request_id"))
+            await self._refuse(send, 409, openai_error(message, "invalid_request_error", "duplicate_request_id"))
             return
         flight = Flight(
             self.request_id, backend, write_timeout=gateway.config.write_timeout, loop=asyncio.get_running_loop()
@@ -102,7 +111,7 @@ class GenerationResponse:
                         stop = GenerationCancelledError(
                             f"stopped: {flight.reason or 'client_disconnect'}", reason=reason
                         )
-                        await send_json(send, *error_body(stop), [(b"connection", b"close")])
+                        await self._refuse(send, *error_body(stop), [(b"connection", b"close")])
                 elif flight.reason in ("client_disconnect", "client_stalled"):
                     client_left = state.get("client_left")  # the gateway's protocol: no ERROR line
                     if client_left is not None:
@@ -132,7 +141,7 @@ class GenerationResponse:
                     retry = str(max(1, round(backend.cfg.queue_timeout / 2))).encode()
                     message = f"{backend.name} is busy: no slot within {backend.cfg.queue_timeout}s"
                     body = openai_error(message, "unavailable_error", "queue_timeout")
-                    await send_json(send, 503, body, [(b"retry-after", retry)])
+                    await self._refuse(send, 503, body, [(b"retry-after", retry)])
                     return 503
             flight.queue_scope = None
             if queued.cancelled_caught:  # stopped while queued: no slot was taken
@@ -144,11 +153,10 @@ class GenerationResponse:
         finally:
             backend.slots.release()
 
-    @staticmethod
-    async def _stopped_before_start(flight: Flight, send: Send) -> int:
+    async def _stopped_before_start(self, flight: Flight, send: Send) -> int:
         if not flight.client_gone:
             stop = GenerationCancelledError(f"stopped while queued ({flight.reason})", reason=_stop_reason(flight))
-            await send_json(send, *error_body(stop))
+            await self._refuse(send, *error_body(stop))
         return 499
 
 

@@ -19,7 +19,7 @@ from ..types import GenerationRequest
 from .asgi import GenerationResponse
 from .body import read_json, request_id_of
 from .generation import stream_answer, whole_answer
-from .messages_wire import MessageFrames, anthropic_error_body, message_body, messages_args
+from .messages_wire import MessageFrames, anthropic_error_body, anthropic_shape, message_body, messages_args
 from .openai_wire import BadRequest
 from .state import Flight, Gateway
 
@@ -84,7 +84,7 @@ def messages_endpoint(gateway: Gateway) -> Callable[[Request], Awaitable[Any]]:
 
             return await whole_answer(gateway, flight, send, produce, anthropic_error_body)
 
-        return GenerationResponse(gateway, backend, request_id_of(request), "messages", run)
+        return GenerationResponse(gateway, backend, request_id_of(request), "messages", run, anthropic_shape)
 
     return handle
 

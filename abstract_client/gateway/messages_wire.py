@@ -27,7 +27,14 @@ from typing import Any
 from ..types import GenerateResult, StreamChunk, Usage
 from .openai_wire import MAX_MESSAGES, BadRequest, _check_sizes, error_body, model_field
 
-__all__ = ["MessageFrames", "anthropic_error_body", "message_body", "messages_args", "stop_reason_of"]
+__all__ = [
+    "MessageFrames",
+    "anthropic_error_body",
+    "anthropic_shape",
+    "message_body",
+    "messages_args",
+    "stop_reason_of",
+]
 
 _STOP_REASON = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "content_filter": "refusal"}
 _ERROR_TYPES = {
@@ -300,7 +307,8 @@ class MessageFrames:
             "stop_sequence": None,
             "usage": {"input_tokens": 0, "output_tokens": 0},  # the real counts come in message_delta
         }
-        return _event({"type": "message_start", "message": message})
+        # then a ping, as Anthropic's API sends one: clients take it as the stream being alive
+        return _event({"type": "message_start", "message": message}) + _event({"type": "ping"})
 
     def _block(self, key: str, block: dict[str, Any]) -> bytes:
         if self.open == key:
@@ -352,8 +360,14 @@ class MessageFrames:
 def anthropic_error_body(err: BaseException) -> tuple[int, dict[str, Any]]:
     """``(status, Anthropic error body)`` for an error (a stopped call's partial text kept)."""
     status, body = error_body(err)
+    return status, anthropic_shape(status, body)
+
+
+def anthropic_shape(status: int, body: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI-shaped error body (the gateway's own refusals: a duplicate request id, a full
+    queue, a stop before the start) in Anthropic's shape."""
     error = body.get("error", {})
     shaped: dict[str, Any] = {"type": _ERROR_TYPES.get(status, "api_error"), "message": error.get("message", "")}
     if error.get("partial_text"):
         shaped["partial_text"] = error["partial_text"]
-    return status, {"type": "error", "error": shaped}
+    return {"type": "error", "error": shaped}

@@ -42,6 +42,7 @@ class FakeLMStudioServer(FakeOpenAIServer):
         routes: dict[tuple[str, str], Handler] = {
             ("POST", "/v1/chat/completions"): self.lms_chat,
             ("POST", "/v1/responses"): self.responses,
+            ("POST", "/v1/messages"): self.messages,  # LM Studio 0.4+
             ("POST", "/v1/embeddings"): self.lms_embeddings,
             ("GET", "/v1/models"): self.models,
             ("POST", "/api/v1/chat"): self.native_chat,

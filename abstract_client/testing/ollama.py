@@ -49,6 +49,7 @@ class FakeOllamaServer(FakeOpenAIServer):
             ("POST", "/api/embed"): self.native_embed,
             ("POST", "/v1/chat/completions"): self.chat,
             ("POST", "/v1/responses"): self.responses,
+            ("POST", "/v1/messages"): self.messages,  # Ollama 0.14+: over its native chat
             ("POST", "/v1/embeddings"): self.embeddings,
             ("GET", "/v1/models"): self.models,
         }
