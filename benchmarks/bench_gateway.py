@@ -102,20 +102,29 @@ def disconnect_to_sever(upstream: FakeOpenAIServer, gateway_url: str, n: int, ro
     return out
 
 
-def mlx_chain(n: int) -> list[float]:
+def mlx_chain(n: int, route: str = "chat") -> list[float]:
     from abstract_client.app.assets import smollm2_mlx
     from abstract_client.gateway import BackendConfig, GatewayConfig
     from abstract_client.testing.gateway import InProcessGateway
 
     config = GatewayConfig(backends=[BackendConfig(name="smollm2", provider="mlx", model=str(smollm2_mlx()))])
-    body = {"model": "smollm2", "messages": HELLO, "max_tokens": 2000, "stream": True, "logit_bias": {"2": -1e9}}
+    path, make, marker = ROUTES[route]
+    body = make(2000) | {"model": "smollm2", "stream": True}
+    if route == "chat":
+        body["logit_bias"] = {"2": -1e9}  # no end of text (the other wires have no such field: a long prompt instead)
+    else:
+        body |= (
+            {"messages": [{"role": "user", "content": "Write a very long story about a dragon."}]}
+            if route == "messages"
+            else {"input": "Write a very long story about a dragon."}
+        )
     with InProcessGateway(config) as gw:
         metrics = gw.gateway.metrics
         for _ in range(n):
-            with httpx.stream("POST", gw.url + CHAT, json=body, timeout=120) as r:
+            with httpx.stream("POST", gw.url + path, json=body, timeout=120) as r:
                 seen = 0
                 for line in r.iter_lines():
-                    seen += line.startswith("data: ")
+                    seen += line.startswith(marker)
                     if seen == 3:
                         break
             gw.gateway.backends["smollm2"].llm.provider.thread.wait_idle(30)
@@ -253,11 +262,19 @@ def main() -> None:
         finally:
             gw.stop()
     if args.mlx:
-        chain = mlx_chain(10)
-        print_table(
-            f"in-process mlx-lm (SmolLM2) behind the gateway: disconnect seen → worker drained, n={len(chain)} (ms)",
-            [{"p50": pct(chain, 50), "p99": pct(chain, 99), "max": max(chain) if chain else float("nan")}],
-        )
+        rows = []
+        for route in ROUTES:
+            chain = mlx_chain(10, route)
+            rows.append(
+                {
+                    "route": route,
+                    "n": len(chain),
+                    "p50": pct(chain, 50),
+                    "p99": pct(chain, 99),
+                    "max": max(chain) if chain else float("nan"),
+                }
+            )
+        print_table("in-process mlx-lm (SmolLM2) behind the gateway: disconnect seen → worker drained (ms)", rows)
 
 
 if __name__ == "__main__":
