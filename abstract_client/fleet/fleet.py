@@ -22,10 +22,10 @@ class Fleet(LLM):
     Args:
         members: the members, as a list (named by their base URL, or lane and model) or a
             mapping of name to ``LLM``. The fleet owns them: ``close()`` closes them.
-        policy: ``"least_loaded"`` (default), ``"round_robin"``, ``"weighted"``, ``"prefix"``
-            (where the longest opening of the prompt is cached, within ``load_bound``: see
-            :mod:`abstract_client.fleet.prefix`) or ``"affinity"`` (a conversation, by its
-            opening, sticks to one member). A call's ``session=`` sticks to one member under
+        policy: ``"prefix"`` (default: where the longest opening of the prompt is cached,
+            within ``load_bound``: see :mod:`abstract_client.fleet.prefix`),
+            ``"least_loaded"``, ``"round_robin"``, ``"weighted"`` or ``"affinity"`` (a
+            conversation, by its opening, sticks to one member). A call's ``session=`` sticks to one member under
             every policy.
         load_bound: ``"prefix"``: no member takes a call that would put it above this multiple
             of the members' mean calls in flight (>= 1; 1.25 by default): a hot prefix spills

@@ -39,7 +39,7 @@ from ..types import GenerationRequest
 if TYPE_CHECKING:
     from .member import Member
 
-__all__ = ["BLOCK_CHARS", "PrefixTable", "load_limit", "place", "prefix_blocks"]
+__all__ = ["BLOCK_CHARS", "PrefixTable", "load_limit", "place", "prefix_blocks", "rendezvous"]
 
 BLOCK_CHARS = 256  # about 64 tokens: fine enough to tell system prompts apart, cheap to hash
 _TABLE_BLOCKS = 65_536  # blocks remembered (~16 MB of prompt text's worth of hashes)
@@ -126,11 +126,10 @@ class PrefixTable:
             while len(self._members) > self.capacity:
                 self._members.popitem(last=False)
 
-    def __len__(self) -> int:
-        return len(self._members)
 
-
-def _rendezvous(key: int, name: str) -> int:
+def rendezvous(key: object, name: str) -> int:
+    """``name``'s score for ``key`` (rendezvous hashing: the highest scores ``key``'s member, and
+    a member that leaves moves only the keys it scored highest)."""
     return int.from_bytes(hashlib.blake2b(f"{key}\0{name}".encode(), digest_size=8).digest(), "big")
 
 
@@ -147,7 +146,7 @@ def place(members: Sequence[Member], blocks: Sequence[int], table: PrefixTable, 
     """The member for a call whose prompt is ``blocks`` (see the module's docstring)."""
     depth = table.depths(blocks, [m.name for m in members])
     home = blocks[0] if blocks else 0
-    ranked = sorted(members, key=lambda m: (-depth[m.name], m.in_flight, -_rendezvous(home, m.name)))
+    ranked = sorted(members, key=lambda m: (-depth[m.name], m.in_flight, -rendezvous(home, m.name)))
     limit = load_limit(members, bound)
     for member in ranked:
         if member.in_flight + 1 <= limit:

@@ -1,10 +1,10 @@
 """Which member serves the next call.
 
-* ``least_loaded`` (default): the fewest calls in flight; ties go round robin.
+* ``least_loaded``: the fewest calls in flight; ties go round robin.
 * ``round_robin``: each member in turn.
 * ``weighted``: smooth weighted round robin (nginx's): member i serves ``w_i / Σw`` of the calls,
   interleaved rather than in bursts.
-* ``prefix``: where the longest opening of the prompt is already cached, within a bound on load
+* ``prefix`` (default): where the longest opening of the prompt is already cached, within a bound on load
   (``fleet/prefix.py``): calls that share a system prompt share a member, a conversation's next
   turn follows its previous one, and a hot prefix spills to its next-best members.
 * ``affinity``: a conversation sticks to one member, so its KV cache (llama-server's prompt
@@ -20,14 +20,13 @@ Members in cooldown are skipped; if every candidate is cooling down, none is cho
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from ..types import GenerationRequest
-from .prefix import PrefixTable, place, prefix_blocks
+from .prefix import PrefixTable, place, prefix_blocks, rendezvous
 
 if TYPE_CHECKING:
     from .member import Member
@@ -59,10 +58,6 @@ def affinity_key(request: GenerationRequest, session: str | None) -> str:
         if message.get("role") == "user":
             break
     return "prefix:" + "\n".join(opening)
-
-
-def _score(key: str, member: str) -> int:
-    return int.from_bytes(hashlib.blake2b(f"{key}\0{member}".encode(), digest_size=8).digest(), "big")
 
 
 class Router:
@@ -97,7 +92,7 @@ class Router:
         with self._lock:
             if key is not None and (key.session or self.policy == "affinity"):
                 sticky = key.sticky
-                return max(members, key=lambda m: _score(sticky, m.name))
+                return max(members, key=lambda m: rendezvous(sticky, m.name))
             if self.policy == "prefix" and key is not None:
                 chosen = place(members, key.blocks, self.table, self.load_bound)
                 self.table.record(key.blocks, chosen.name)

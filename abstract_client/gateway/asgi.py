@@ -17,7 +17,7 @@ from starlette.types import Message, Receive, Scope, Send
 from .. import telemetry
 from ..errors import GenerationCancelledError, StopReason
 from . import disconnects
-from .openai_wire import error_body, openai_error
+from .openai_wire import Shape, as_written, error_body, openai_error
 from .request_ids import scoped
 from .state import Backend, Flight, Gateway
 
@@ -50,13 +50,13 @@ class GenerationResponse:
         request_id: str,
         endpoint: str,
         run: Callable[[Flight, Send], Awaitable[int]],
-        shape: Callable[[int, Any], Any] | None = None,
+        shape: Shape | None = None,
     ) -> None:
-        """``shape(status, body)``: the route's error shape for the gateway's own refusals
-        (written in OpenAI's; the Messages route answers in Anthropic's)."""
+        """``shape``: the route's error shape for the gateway's own refusals (written in
+        OpenAI's; the Messages route answers in Anthropic's)."""
         self.gateway, self.backend, self.request_id = gateway, backend, request_id
         self.endpoint, self.run = endpoint, run
-        self.shape = shape or (lambda status, body: body)
+        self.shape = shape or as_written
 
     async def _refuse(
         self, send: Send, status: int, body: Any, headers: list[tuple[bytes, bytes]] | None = None

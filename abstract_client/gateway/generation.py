@@ -20,10 +20,13 @@ from .body import error_response, no_backend, read_json, request_id_of
 from .openai_wire import (
     BadRequest,
     FrameEncoder,
+    Shape,
+    as_written,
     chat_completion,
     error_body,
     generation_args,
     model_field,
+    shaped_error,
     sse,
     text_completion,
     usage_frame,
@@ -86,28 +89,25 @@ async def whole_generation(
     return await whole_answer(gateway, flight, send, produce)
 
 
-ErrorBody = Callable[[BaseException], tuple[int, Any]]
-
-
 async def whole_answer(
     gateway: Gateway,
     flight: Flight,
     send: Send,
     produce: Callable[[], Awaitable[Any]],
-    errors: ErrorBody = error_body,
+    shape: Shape = as_written,
 ) -> int:
     """A non-streaming answer: 200 with ``produce()``'s body, or the error's status and body (in
-    the route's wire: ``errors``); a stopped call is recorded (and answered only if its client
-    is still there)."""
+    the route's ``shape``); a stopped call is recorded (and answered only if its client is still
+    there)."""
     try:
         body = await produce()
     except GenerationCancelledError as err:
         gateway.stop_recorded(flight, err)
         if not flight.client_gone:
-            await guarded_send_json(send, flight, *errors(err))
+            await guarded_send_json(send, flight, *shaped_error(err, shape))
         return 499
     except Exception as err:
-        status, payload = errors(err)
+        status, payload = shaped_error(err, shape)
         await guarded_send_json(send, flight, status, payload)
         return status
     await guarded_send_json(send, flight, 200, body)
@@ -165,7 +165,7 @@ async def stream_answer(
     send: Send,
     kwargs: dict[str, Any],
     frames: StreamFrames,
-    errors: ErrorBody = error_body,
+    shape: Shape = as_written,
 ) -> int:
     """A stream. The response starts with the first chunk, so an error before it (unknown
     model, context overflow...) gets its own status and a JSON body; one after it ends the
@@ -181,7 +181,7 @@ async def stream_answer(
             gateway.stop_recorded(flight, err)
             status, failed = 499, err
         except Exception as err:
-            status, failed = errors(err)[0], err
+            status, failed = error_body(err)[0], err
         else:
             writer.start()
             writer.finish(frames.end(result))
@@ -192,7 +192,7 @@ async def stream_answer(
             writer.finish(frames.failure(failed))
         else:
             writer.abandon()
-            await guarded_send_json(send, flight, *errors(failed))
+            await guarded_send_json(send, flight, *shaped_error(failed, shape))
     return status
 
 

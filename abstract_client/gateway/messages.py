@@ -73,7 +73,7 @@ def messages_endpoint(gateway: Gateway) -> Callable[[Request], Awaitable[Any]]:
             await _offer_tools_if_callable(flight, kwargs)
             if stream:
                 frames = MessageFrames(flight.request_id, model)
-                return await stream_answer(gateway, flight, send, kwargs, frames, anthropic_error_body)
+                return await stream_answer(gateway, flight, send, kwargs, frames, anthropic_shape)
 
             async def produce() -> Any:
                 result = await flight.backend.llm.agenerate(
@@ -82,7 +82,7 @@ def messages_endpoint(gateway: Gateway) -> Callable[[Request], Awaitable[Any]]:
                 gateway.metrics.prompt(flight.backend.name, result.usage)
                 return message_body(result, flight.request_id, model)
 
-            return await whole_answer(gateway, flight, send, produce, anthropic_error_body)
+            return await whole_answer(gateway, flight, send, produce, anthropic_shape)
 
         return GenerationResponse(gateway, backend, request_id_of(request), "messages", run, anthropic_shape)
 

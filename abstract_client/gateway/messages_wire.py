@@ -25,7 +25,7 @@ import json
 from typing import Any
 
 from ..types import GenerateResult, StreamChunk, Usage
-from .openai_wire import MAX_MESSAGES, BadRequest, _check_sizes, error_body, model_field
+from .openai_wire import MAX_MESSAGES, BadRequest, _check_sizes, model_field, shaped_error
 
 __all__ = [
     "MessageFrames",
@@ -359,8 +359,7 @@ class MessageFrames:
 
 def anthropic_error_body(err: BaseException) -> tuple[int, dict[str, Any]]:
     """``(status, Anthropic error body)`` for an error (a stopped call's partial text kept)."""
-    status, body = error_body(err)
-    return status, anthropic_shape(status, body)
+    return shaped_error(err, anthropic_shape)
 
 
 def anthropic_shape(status: int, body: dict[str, Any]) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from .._validate import check_generation
@@ -25,6 +26,8 @@ from ..types import GenerateResult, StreamChunk, ToolCallDelta
 
 __all__ = [
     "BadRequest",
+    "Shape",
+    "as_written",
     "chat_completion",
     "FrameEncoder",
     "chunk_frames",
@@ -32,6 +35,7 @@ __all__ = [
     "generation_args",
     "model_field",
     "openai_error",
+    "shaped_error",
     "text_completion",
     "sse",
     "usage_frame",
@@ -276,6 +280,21 @@ def usage_frame(result: GenerateResult, request_id: str, model: str, created: in
         "choices": [],
         "usage": _usage(result.usage),
     }
+
+
+# shape(status, body): an error body (OpenAI's, as the gateway writes them) in a route's own wire
+Shape = Callable[[int, Any], Any]
+
+
+def as_written(status: int, body: Any) -> Any:
+    """The OpenAI routes' shape: the body as the gateway wrote it."""
+    return body
+
+
+def shaped_error(err: BaseException, shape: Shape) -> tuple[int, Any]:
+    """``(status, body)`` for an error, in a route's shape."""
+    status, body = error_body(err)
+    return status, shape(status, body)
 
 
 def error_body(err: BaseException) -> tuple[int, dict[str, Any]]:
