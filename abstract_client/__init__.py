@@ -35,7 +35,18 @@ from .images import ImageLimits, image_part
 from .llm import LLM, GenerateOptions
 from .output.history import continue_after
 from .output.structured import function_tool
-from .provider import CallContext, Completion, EmbeddingBatch, ModelInfo, Provider, UnloadReport
+from .provider import (
+    CallContext,
+    Completion,
+    EmbeddingBatch,
+    EngineRecord,
+    HttpProvider,
+    InProcessProvider,
+    ModelInfo,
+    Provider,
+    RoutingProvider,
+    UnloadReport,
+)
 from .registry import available_providers, create_llm, register_provider
 from .stopping.abort import AbortController, AbortSignal
 from .telemetry import RequestIdFilter
@@ -60,29 +71,32 @@ __version__ = "0.1.0"
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = [
-    "LLM",
-    "ImageInputError",
-    "ImageLimits",
-    "image_part",
-    "GenerateOptions",
     "AbortController",
     "AbortError",
     "AbortSignal",
     "AbstractClientError",
     "CallContext",
+    "ChunkKind",
     "Completion",
-    "ContentPart",
     "ConnectionFailedError",
+    "ContentPart",
     "ContextOverflowError",
     "EmbeddingBatch",
     "EmbeddingResult",
+    "EngineRecord",
     "Fleet",
+    "GenerateOptions",
     "GenerateResult",
     "GenerationCancelledError",
     "GenerationRequest",
     "GenerationStream",
     "GenerationTimeoutError",
+    "HttpProvider",
+    "ImageInputError",
+    "ImageLimits",
+    "InProcessProvider",
     "InvalidRequestError",
+    "LLM",
     "Message",
     "ModelBusyError",
     "ModelInfo",
@@ -94,19 +108,19 @@ __all__ = [
     "ProviderAPIError",
     "ProviderError",
     "ProviderProtocolError",
+    "ProxyError",
     "RateLimitError",
     "RequestIdFilter",
     "ResponseFormat",
+    "RoutingProvider",
     "ServerUnavailableError",
     "StreamChunk",
-    "ChunkKind",
     "SyncGenerationStream",
+    "TLSCertificateError",
     "Timeout",
     "Timings",
     "ToolCall",
     "ToolCallDelta",
-    "TLSCertificateError",
-    "ProxyError",
     "TransportError",
     "UnloadReport",
     "Usage",
@@ -115,5 +129,6 @@ __all__ = [
     "continue_after",
     "create_llm",
     "function_tool",
+    "image_part",
     "register_provider",
 ]

@@ -339,7 +339,7 @@ class LLM:
             raise TypeError(f"resumable must be true or false, not {type(resumable).__name__}")
         if isinstance(resume_timeout, bool) or not isinstance(resume_timeout, (int, float)) or not resume_timeout > 0:
             raise ValueError(f"resume_timeout must be a number of seconds > 0, not {resume_timeout!r}")
-        if resumable and not self.provider.resumable_streams:
+        if resumable and not self.provider.resumes():
             raise NotSupportedError(
                 f"the {self.provider.name} lane has no resumable streams (llamacpp and vllm have; "
                 "an openai-compatible server with create_llm(..., wire='responses') may)",

@@ -24,7 +24,21 @@ from .http.clients import HttpClients
 from .stopping.token import StopToken
 from .types import GenerationRequest, StreamChunk, Timings, ToolCallDelta, Usage
 
-__all__ = ["CallContext", "Completion", "EmbeddingBatch", "EngineRecord", "ModelInfo", "Provider", "UnloadReport"]
+__all__ = [
+    "CallContext",
+    "Completion",
+    "EmbeddingBatch",
+    "EngineRecord",
+    "HttpProvider",
+    "InProcessProvider",
+    "ModelInfo",
+    "Provider",
+    "RoutingProvider",
+    "UnloadReport",
+    "engine_record",
+    "http_clients",
+    "served_by",
+]
 
 
 class EngineRecord(Protocol):
@@ -38,6 +52,14 @@ class EngineRecord(Protocol):
     def when_settled(self, callback: Callable[[], object]) -> None:
         """Call ``callback`` (on the engine's thread, or now) once the engine is done with the
         request."""
+
+    def text_at_stop(self) -> str:
+        """The text of every token the engine counted (including text a consumer had not read
+        yet, or its detokenizer still held)."""
+
+    def usage_at_stop(self) -> Usage | None:
+        """The engine's own usage (prompt tokens, tokens it sampled), or None when the prompt
+        was never tokenised."""
 
 
 @dataclass(slots=True)
@@ -158,36 +180,42 @@ class UnloadReport:
 
 
 class Provider(abc.ABC):
-    """A lane: the wire mapping and the engine's own place to stop. Implement :meth:`stream`
-    (and :meth:`complete` where the server has a plain route); everything else has a default
-    that says the lane cannot. docs/writing-a-lane.md says what to implement, which contract
-    suite to add the lane to, and which mutants to add."""
+    """What every lane provides: the wire mapping (or the engine call) and the engine's own
+    place to stop. Implement :meth:`stream` (and :meth:`complete` where the server has a plain
+    route); everything else has a default that says the lane cannot. A lane is one of three kinds,
+    each adding what only it has: :class:`HttpProvider` (a server over HTTP: its clients, whose
+    sockets the stop severs), :class:`InProcessProvider` (an engine in this process: its own record
+    of a stop) and :class:`RoutingProvider` (a lane over lanes: the fleet).
+    docs/writing-a-lane.md says what to implement, which contract suite to add the lane to, and
+    which mutants to add."""
 
     name: ClassVar[str]
     # True: a non-streaming call is carried over the streaming wire and assembled by the contract
     # (the server then sees a stop at its next token write, instead of at its next connection
     # poll); ``generate(..., plain_wire=True)`` opts out per call.
-    complete_over_stream: bool = False
+    complete_over_stream: ClassVar[bool] = False
     # False: the backend has no plain route (an in-process engine): every non-streaming call is
     # assembled from the stream, ``plain_wire=True`` included.
     plain_route: ClassVar[bool] = True
-    in_process: ClassVar[bool] = False  # the engine runs in this process (one gateway worker only)
-    # True: ``resumable=True`` calls are served (the stream outlives a dropped connection and is
-    # read on from where it dropped; a stop calls the server's own cancel route as well)
-    resumable_streams: bool = False
+    # True: the lane's stream outlives a dropped connection and is read on from where it dropped
+    # (``resumable=True``; a stop calls the server's own cancel route as well). A lane whose
+    # resumability depends on its wire says so in :meth:`resumes`.
+    resumable_streams: ClassVar[bool] = False
     default_embed_batch_size: int = 32  # inputs per embeddings request (client-side batching)
     # The per-call keywords this lane takes beyond ``GenerateOptions`` (name -> what it does).
     # Any other keyword is a TypeError before anything is sent: a typo never travels to the
     # server (a field for the body goes in ``extra_body={...}``).
     call_options: Mapping[str, str] = MappingProxyType({})
 
-    def __init__(self, *, model: str | None, clients: HttpClients | None = None) -> None:
+    def __init__(self, *, model: str | None) -> None:
         self.model = model
-        self.clients = clients
+        # Every non-streaming call on the plain route: the user's ``complete_over_stream=False``,
+        # or a server seen to answer ``stream: true`` with one JSON body (contract/run.py). A
+        # setting of this instance, not a capability: the class declares those.
+        self.plain_by_default = False
 
     def __repr__(self) -> str:
-        base = f" {self.clients.base_url}" if self.clients else ""
-        return f"<{type(self).__name__} model={self.model!r}{base}>"
+        return f"<{type(self).__name__} model={self.model!r}>"
 
     @abc.abstractmethod
     def stream(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
@@ -198,9 +226,9 @@ class Provider(abc.ABC):
         called when ``plain_route`` is True."""
         raise NotSupportedError(f"{self.name} has no plain (non-streaming) route", provider=self.name)
 
-    def call_headers(self, ctx: CallContext) -> dict[str, str] | None:
-        """Extra HTTP headers for one call (the "remote" lane sends its request id)."""
-        return None
+    def resumes(self) -> bool:
+        """Whether ``resumable=True`` calls are served (see ``resumable_streams``)."""
+        return self.resumable_streams
 
     def on_cancel(self, request_id: str) -> None:  # noqa: B027 - a hook: nothing to do by default
         """Called by ``LLM.cancel(request_id)`` after the call's own stop ran (its socket is
@@ -211,25 +239,6 @@ class Provider(abc.ABC):
     ) -> EmbeddingBatch:
         """Embed one batch (the contract does the batching, the stop between batches, retries)."""
         raise NotSupportedError(f"{self.name} has no embeddings route", provider=self.name)
-
-    def served_by(self, request_id: str) -> str | None:
-        """Which member served (or last tried) the call: a fleet's answer; None elsewhere."""
-        return None
-
-    def engine_record(self, request_id: str) -> EngineRecord | None:
-        """An in-process engine's own record of a request (recent ones), or None: a lane whose
-        engine is a server has none (its evidence is the server's: a log line, /metrics)."""
-        return None
-
-    def text_at_stop(self, request_id: str) -> str | None:
-        """An in-process engine's own text for a stopped request (every token it counted,
-        including text a consumer had not read yet or its detokenizer still held), or None."""
-        return None
-
-    def usage_at_stop(self, request_id: str) -> Usage | None:
-        """An in-process engine's own usage for a stopped request (prompt tokens, tokens it
-        sampled), or None: the contract then reports what the stream delivered."""
-        return None
 
     async def native_tools(self, request: GenerationRequest) -> bool:
         """True when the backend itself does tool calling for ``request.tool_choice`` (the server
@@ -264,7 +273,70 @@ class Provider(abc.ABC):
         """Return once the backend answers and its model is ready, within ``timeout`` seconds."""
         raise NotSupportedError(f"{self.name} has no readiness probe", provider=self.name)
 
-    async def aclose(self) -> None:
+    async def aclose(self) -> None:  # noqa: B027 - a hook: nothing held by default
         """Release what the lane holds (its connections on this loop; an engine's thread)."""
-        if self.clients is not None:
-            await self.clients.aclose_current_loop()
+
+
+class HttpProvider(Provider):
+    """A lane whose engine is a server over HTTP. It adds its :class:`HttpClients`: every request
+    goes through ``ctx.stream``/``ctx.request`` on a private connection whose socket the stop
+    shuts down (``Step.TELL``/``Step.SEVER``) — which is what makes a server stop decoding. Its
+    evidence of a stop is the server's own (a log line, ``/metrics``), never a record here."""
+
+    def __init__(self, *, model: str | None, clients: HttpClients) -> None:
+        super().__init__(model=model)
+        self.clients = clients
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} model={self.model!r} {self.clients.base_url}>"
+
+    def call_headers(self, ctx: CallContext) -> dict[str, str] | None:
+        """Extra HTTP headers for one call (the "remote" lane sends its request id)."""
+        return None
+
+    async def aclose(self) -> None:
+        await self.clients.aclose_current_loop()
+
+
+class InProcessProvider(Provider):
+    """A lane whose engine runs in this process (one gateway worker only). It adds the engine's
+    own record of each recent request — the evidence a stop is judged by, and where a stopped
+    call's text and usage come from (every token the engine counted, read or not)."""
+
+    complete_over_stream = True  # non-streaming calls are assembled by the contract, chunk by chunk
+    plain_route = False  # ... always: an engine has no other route
+
+    @abc.abstractmethod
+    def engine_record(self, request_id: str) -> EngineRecord | None:
+        """The engine's own record of a recent request, or None (unknown, or long gone)."""
+
+
+class RoutingProvider(Provider):
+    """A lane over lanes (the fleet): each call goes to one of its members. It adds which member
+    served a call and that member's engine record, when the member is in-process."""
+
+    @abc.abstractmethod
+    def served_by(self, request_id: str) -> str | None:
+        """Which member served (or last tried) the call."""
+
+    @abc.abstractmethod
+    def engine_record(self, request_id: str) -> EngineRecord | None:
+        """The serving member's engine record, when that member runs in this process."""
+
+
+def http_clients(provider: Provider) -> HttpClients | None:
+    """An HTTP lane's clients (whose sockets the stop severs); None for the other kinds."""
+    return provider.clients if isinstance(provider, HttpProvider) else None
+
+
+def engine_record(provider: Provider, request_id: str) -> EngineRecord | None:
+    """The engine's own record of a call, from the lanes that keep one (in-process engines, and
+    a fleet for its in-process members); None for a server over HTTP."""
+    if isinstance(provider, InProcessProvider | RoutingProvider):
+        return provider.engine_record(request_id)
+    return None
+
+
+def served_by(provider: Provider, request_id: str) -> str | None:
+    """The member that served (or last tried) a call, for a lane over lanes; None elsewhere."""
+    return provider.served_by(request_id) if isinstance(provider, RoutingProvider) else None

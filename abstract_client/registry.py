@@ -17,7 +17,7 @@ from typing import Any
 
 from .images import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGES, ImageLimits
 from .llm import LLM
-from .provider import Provider
+from .provider import InProcessProvider, Provider
 from .types import Timeout
 
 __all__ = ["ENTRY_POINT_GROUP", "available_providers", "create_llm", "register_provider", "runs_in_process"]
@@ -145,8 +145,12 @@ def available_providers() -> list[str]:
 
 
 def runs_in_process(name: str) -> bool:
-    """Does lane ``name`` run its engine in this process (a provider class's ``in_process``)?"""
-    return bool(getattr(_factory(name), "in_process", False))
+    """Does lane ``name`` run its engine in this process (its class an ``InProcessProvider``)?"""
+    return _in_process(_factory(name))
+
+
+def _in_process(factory: Callable[..., Provider]) -> bool:
+    return isinstance(factory, type) and issubclass(factory, InProcessProvider)
 
 
 def _load(spec: str) -> Callable[..., Provider]:
@@ -188,7 +192,7 @@ def create_llm(
     coerced = Timeout.coerce(timeout)
     limits: dict[str, Any] = {k: options.pop(k) for k in ("max_image_bytes", "max_images") if k in options}
     image_limits = _image_limits(limits)  # a wrong limit fails before a provider is built
-    if getattr(factory, "in_process", False):
+    if _in_process(factory):
         # an engine in this process has no server: a server's options are a mistake, said now
         given = [name for name, value in (("base_url", base_url), ("api_key", api_key)) if value is not None]
         given += [name for name in NETWORK_SETTINGS if name in options]

@@ -27,15 +27,17 @@ import json
 import logging
 import os
 import time
+import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 from .contract.lifecycle import Phase, observe
+from .provider import HttpProvider, Provider, RoutingProvider, engine_record, http_clients, served_by
 
 if TYPE_CHECKING:
-    from .provider import CallContext, Provider
+    from .provider import CallContext
     from .stopping.token import StopToken
     from .types import GenerationRequest
 
@@ -187,7 +189,7 @@ def start(call: TracedCall) -> None:
         if _capture_content():
             attributes["gen_ai.input.messages"] = json.dumps(request.messages or request.prompt, default=str)
     # a fleet passes the trace on to its members' servers (its own provider has no clients)
-    remote = call.provider.clients is not None or getattr(call.provider, "propagates_trace", False)
+    remote = isinstance(call.provider, HttpProvider | RoutingProvider)
     kind = _otel_trace.SpanKind.CLIENT if remote else _otel_trace.SpanKind.INTERNAL
     span = tracer.start_span(f"{call.kind} {model}", kind=kind, attributes=attributes)
     call.extensions["telemetry.span"] = span
@@ -198,16 +200,20 @@ def start(call: TracedCall) -> None:
         call.ctx.trace_headers = headers or None
 
 
-def _static(provider: Any) -> dict[str, Any]:
+_STATIC: weakref.WeakKeyDictionary[Provider, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def _static(provider: Provider) -> dict[str, Any]:
     """The attributes a provider gives every span, computed once per provider."""
-    static: dict[str, Any] | None = getattr(provider, "_otel_attributes", None)
+    static = _STATIC.get(provider)
     if static is None:
         static = {"gen_ai.provider.name": provider.name}
-        if provider.clients is not None:
-            url = urlsplit(provider.clients.base_url)
+        clients = http_clients(provider)
+        if clients is not None:
+            url = urlsplit(clients.base_url)
             static["server.address"] = url.hostname or ""
             static["server.port"] = url.port or (443 if url.scheme == "https" else 80)
-        provider._otel_attributes = static
+        _STATIC[provider] = static
     return static
 
 
@@ -244,7 +250,8 @@ def end(call: TracedCall, *, clean: bool) -> None:
     if usage is not None and usage.prompt_tokens is not None:
         outcome["gen_ai.usage.input_tokens"] = usage.prompt_tokens
     if token.is_set and call.kind != "embeddings":  # a stop: an in-process engine's own count
-        engine = call.provider.usage_at_stop(call.request_id)
+        record = engine_record(call.provider, call.request_id)
+        engine = record.usage_at_stop() if record is not None else None
         if engine is not None:
             usage = engine
             outcome["gen_ai.usage.input_tokens"] = engine.prompt_tokens
@@ -258,7 +265,7 @@ def end(call: TracedCall, *, clean: bool) -> None:
             outcome["gen_ai.usage.cache_read.input_tokens"] = usage.cached_tokens
     if progress.first_chunk_at is not None:
         outcome["gen_ai.response.time_to_first_chunk"] = progress.first_chunk_at - call.t0
-    member = call.provider.served_by(call.request_id)
+    member = served_by(call.provider, call.request_id)
     if member is not None:  # a fleet: the member that served (or last tried) the call
         outcome["abstract_client.fleet.member"] = member
     error_type: str | None = None

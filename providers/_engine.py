@@ -33,7 +33,7 @@ from abstract_client.errors import (
     NotSupportedError,
     ProviderAPIError,
 )
-from abstract_client.provider import CallContext, EmbeddingBatch, ModelInfo, Provider, UnloadReport
+from abstract_client.provider import CallContext, EmbeddingBatch, InProcessProvider, ModelInfo, UnloadReport
 from abstract_client.stopping.loop import loop_caller
 from abstract_client.stopping.token import StopToken
 from abstract_client.types import GenerationRequest, StreamChunk, Usage
@@ -91,6 +91,20 @@ class RequestStats:
                 self._on_settled.append(callback)
                 return
         callback()
+
+    def text_at_stop(self) -> str:
+        """The text of every token the engine counted: what it emitted (a consumer may not have
+        read it all) and what its stop-string matcher still held back, as of the last counted
+        token (never a token sampled under the flag)."""
+        n, held = self.snapshot or (len(self.text), "")
+        return "".join(self.text[:n]) + held
+
+    def usage_at_stop(self) -> Usage | None:
+        """The engine's own count: its prompt, and the tokens it sampled and counted (a token is
+        counted only after its stop flag was checked). None before the prompt was tokenised."""
+        if self.prompt_tokens is None:
+            return None
+        return Usage(prompt_tokens=self.prompt_tokens, completion_tokens=self.tokens, cached_tokens=self.cached_tokens)
 
 
 @dataclass
@@ -221,7 +235,7 @@ class EngineModel(Protocol):
     def prompt_ids(self, request: GenerationRequest) -> list[int]: ...
 
 
-class EngineProvider(Provider):
+class EngineProvider(InProcessProvider):
     """What every in-process lane's provider shares: the engine thread, the per-request evidence,
     the async side of a stream (the worker emits chunks from the engine thread; the consumer
     awaits them; a consumer that leaves early sets the flag and is released at once, the worker
@@ -235,9 +249,6 @@ class EngineProvider(Provider):
     kind: str
 
     model_is_file = False  # the model is one file (GGUF), not a directory
-    complete_over_stream = True  # non-streaming calls are assembled by the contract, chunk by chunk
-    plain_route = False  # ... always: an engine has no other route
-    in_process = True
 
     def __init__(
         self, *, model: str | None, kind: str, weights: str, on_exit: Callable[[], object] | None = None
@@ -282,26 +293,6 @@ class EngineProvider(Provider):
             while len(self._stats) > 256:
                 self._stats.popitem(last=False)
             return stats
-
-    def text_at_stop(self, request_id: str) -> str | None:
-        """The text of every token the engine counted for a stopped request: what it emitted
-        (a consumer may not have read it all) and what its stop-string matcher still held back,
-        as of the last counted token (never a token sampled under the flag)."""
-        stats = self.stats(request_id)
-        if stats is None:
-            return None
-        n, held = stats.snapshot or (len(stats.text), "")
-        return "".join(stats.text[:n]) + held
-
-    def usage_at_stop(self, request_id: str) -> Usage | None:
-        """The engine's own count for a stopped request: its prompt, and the tokens it sampled
-        and counted (a token is counted only after its stop flag was checked)."""
-        stats = self.stats(request_id)
-        if stats is None or stats.prompt_tokens is None:
-            return None
-        return Usage(
-            prompt_tokens=stats.prompt_tokens, completion_tokens=stats.tokens, cached_tokens=stats.cached_tokens
-        )
 
     # -- the lane's part ------------------------------------------------------------------------------
 

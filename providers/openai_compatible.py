@@ -25,7 +25,7 @@ from abstract_client.http.clients import HttpClients
 from abstract_client.http.network import CertTypes, NetworkSettings, VerifyTypes
 from abstract_client.http.resume import resumed_items
 from abstract_client.http.wire import json_body, poll_until_ready
-from abstract_client.provider import CallContext, Completion, EmbeddingBatch, ModelInfo, Provider
+from abstract_client.provider import CallContext, Completion, EmbeddingBatch, HttpProvider, ModelInfo
 from abstract_client.types import (
     GenerationRequest,
     StreamChunk,
@@ -75,7 +75,7 @@ def v1_base(base_url: str) -> str:
     return base + "/v1" if bare else base
 
 
-class OpenAICompatibleProvider(Provider):
+class OpenAICompatibleProvider(HttpProvider):
     """The ``openai-compatible`` lane: any ``/v1/chat/completions`` server (see the module docstring)."""
 
     name = "openai-compatible"
@@ -127,12 +127,14 @@ class OpenAICompatibleProvider(Provider):
         if wire not in WIRES:
             raise ValueError(f"wire must be one of {', '.join(map(repr, WIRES))}, not {wire!r}")
         self.wire = wire
-        # a Responses server keeps a background response past a disconnect (resumable=True)
-        self.resumable_streams = self.resumable_streams or wire == "responses"
         self._cancels = ServerCancels(self.clients)  # the server's own cancel, for a stop
         self.extra_body = dict(extra_body or {})  # fields sent in every request body (create_llm(extra_body=))
-        if complete_over_stream is not None:  # per instance (False: every generate() on the plain route)
-            self.complete_over_stream = complete_over_stream
+        # the user's choice for this instance (False: every generate() on the plain route)
+        self.plain_by_default = complete_over_stream is False
+
+    def resumes(self) -> bool:
+        # a Responses server keeps a background response past a disconnect, whatever the lane
+        return self.resumable_streams or self.wire == "responses"
 
     def chat_body(self, request: GenerationRequest, *, stream: bool) -> dict[str, Any]:
         body: dict[str, Any] = {

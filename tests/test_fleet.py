@@ -8,6 +8,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from typing import Any
 
 import anyio
 import pytest
@@ -24,7 +25,7 @@ from abstract_client import (
 from abstract_client.fleet import counts_against, may_fail_over
 from abstract_client.testing import FakeOpenAIServer
 
-from .helpers import wait_until
+from .helpers import needs_mlx, wait_until
 
 CHAT = "/v1/chat/completions"
 
@@ -600,3 +601,23 @@ def test_a_member_in_cooldown_gets_no_call_even_as_a_last_resort(servers: list[F
         with pytest.raises(ServerUnavailableError, match="cooling down"):
             fleet.generate("hi", max_tokens=2)
         assert chats(servers[0]) == 0
+
+
+@needs_mlx
+def test_a_fleet_of_in_process_members_reports_the_engines_own_count_on_a_stop(tiny_dir: Any) -> None:
+    """A stopped call through a fleet reports what its member's engine counted (the fleet hands
+    on its member's engine record), and names the member."""
+    with Fleet({"a": create_llm("mlx", str(tiny_dir))}) as fleet:
+        stop = threading.Event()
+        options: dict[str, Any] = {"max_tokens": 100_000, "extra": {"logit_bias": {1: -1e9}}, "request_id": "f-1"}
+        with pytest.raises(GenerationCancelledError) as info:
+            for n, _ in enumerate(fleet.stream("hello", cancel_event=stop, **options)):
+                if n == 3:
+                    stop.set()
+        err = info.value
+        engine: Any = fleet.provider.members[0].llm.provider  # type: ignore[attr-defined]
+        assert wait_until(lambda: (s := engine.stats("f-1")) is not None and s.settled, 20)
+        stats = engine.stats("f-1")
+        assert err.member == "a"
+        assert err.usage is not None and err.usage.prompt_tokens == stats.prompt_tokens
+        assert 0 < (err.usage.completion_tokens or 0) <= stats.tokens

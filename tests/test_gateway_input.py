@@ -271,7 +271,7 @@ def uvicorn_records() -> Iterator[list[logging.LogRecord]]:
 def test_no_error_is_logged_for_a_client_that_leaves_mid_answer(upstream: FakeOpenAIServer) -> None:
     """#48: a client closing its stream mid-answer (openai-python's ``close()``, ``curl
     --max-time``), or giving up on a whole answer, logged ``ERROR: ASGI callable returned without
-    completing response`` beside the stop's INFO line: the disconnect thread saw the departure
+    completing response`` beside the stop's INFO line: the departure thread saw the departure
     before uvicorn did. A departure is normal; nothing at ERROR."""
     upstream.behavior.token_delay = 0.02
     body = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1000}
@@ -336,11 +336,11 @@ def test_a_half_close_stops_the_request_on_the_loop_without_the_disconnect_threa
     upstream: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The loop's own path for a half-close (the protocol's ``eof_received``), as
-    ``connection_lost`` is for a close: with the disconnect thread away, a half-closed client
+    ``connection_lost`` is for a close: with the departure thread away, a half-closed client
     still gets the stop, not its whole answer."""
-    from abstract_client.gateway import disconnects
+    from abstract_client.gateway import departures
 
-    monkeypatch.setattr(disconnects, "watcher", lambda: None)
+    monkeypatch.setattr(departures, "departure_thread", lambda: None)
     upstream.behavior.token_delay = 0.05
     body = BODY.replace("2}", "400}")
     with gateway_of(upstream) as gw, socket.create_connection(("127.0.0.1", gw.port), timeout=30) as sock:

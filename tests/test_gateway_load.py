@@ -19,15 +19,14 @@ import httpx
 import pytest
 
 from abstract_client.gateway import BackendConfig, GatewayConfig
-from abstract_client.gateway import asgi as gateway_asgi
 from abstract_client.gateway import generation as gateway_generation
 from abstract_client.gateway import state as gateway_state
 from abstract_client.gateway.metrics import Metrics
-from abstract_client.gateway.openai_wire import FrameEncoder, chunk_frames
 from abstract_client.gateway.workers import Peers
 from abstract_client.testing import FakeOpenAIServer
 from abstract_client.testing.gateway import GatewayProcess, InProcessGateway
 from abstract_client.types import StreamChunk, ToolCallDelta
+from abstract_client.wires.chat_server import FrameEncoder, chunk_frames
 
 from .helpers import wait_until
 
@@ -130,13 +129,14 @@ def _wait_for_the_disconnect_stop(gw: InProcessGateway) -> None:
 def test_the_disconnect_stops_the_flight_in_connection_lost(monkeypatch: pytest.MonkeyPatch) -> None:
     """With the ASGI disconnect watcher disabled, a client that closes its socket still stops
     the upstream: the protocol's ``connection_lost`` stops the flight itself."""
+    from abstract_client.gateway import departures
     from abstract_client.gateway.protocol import GatewayProtocol
 
-    async def never(receive: Any, flight: Any) -> None:
+    async def never(receive: Any, watch: Any) -> None:
         await anyio.sleep_forever()
 
-    monkeypatch.setattr(gateway_asgi, "watch_disconnect", never)
-    monkeypatch.setattr(gateway_asgi.disconnects, "watcher", lambda: None)  # no disconnect thread either
+    monkeypatch.setattr(departures, "_http_disconnect", never)
+    monkeypatch.setattr(departures, "departure_thread", lambda: None)  # no departure thread either
     monkeypatch.setattr(GatewayProtocol, "eof_received", lambda self: True)  # nor the loop's half-close path
     with FakeOpenAIServer(token_delay=0.01) as up:
         backend = BackendConfig(name="m", provider="openai-compatible", model="fake-model", base_url=up.base_url)
@@ -150,7 +150,7 @@ def test_the_disconnect_stops_the_flight_in_connection_lost(monkeypatch: pytest.
 
 
 def test_a_disconnect_severs_the_upstream_while_the_loop_is_busy() -> None:
-    """The disconnect thread: with the gateway's event loop blocked for 6 s (standing in for a
+    """The departure thread: with the gateway's event loop blocked for 6 s (standing in for a
     loop loaded with hundreds of streams' chunk work), a client that leaves still has its
     upstream severed at once. The loop's own paths could act only after the block."""
     with FakeOpenAIServer(token_delay=0.01) as up:
@@ -176,7 +176,7 @@ def test_a_disconnect_severs_the_upstream_while_the_loop_is_busy() -> None:
 
 
 def test_a_finished_request_is_no_longer_watched_and_a_late_close_stops_nothing() -> None:
-    from abstract_client.gateway.disconnects import watcher
+    from abstract_client.gateway.departures import departure_thread as watcher
 
     with FakeOpenAIServer(token_delay=0.0) as up:
         backend = BackendConfig(name="m", provider="openai-compatible", model="fake-model", base_url=up.base_url)

@@ -14,7 +14,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from abstract_client.errors import AbstractClientError, ProviderProtocolError
-from abstract_client.wires import chat, lmstudio, messages, ollama, responses
+from abstract_client.wires import (
+    chat,
+    chat_server,
+    lmstudio,
+    messages,
+    messages_server,
+    ollama,
+    responses,
+    responses_server,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -132,3 +141,102 @@ def test_a_wire_imports_no_lane_no_contract_no_gateway() -> None:
                 if any(name == f or name.startswith(f + ".") for f in forbidden):
                     found.append(f"{path.name}: {name}")
     assert found == []
+
+
+# -- the server sides (the gateway's): any body is taken or refused with a BadRequest ----------------
+
+SERVER_KEYS = [
+    "messages", "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "stream",
+    "stream_options", "include_usage", "tools", "tool_choice", "response_format", "json_schema", "schema",
+    "seed", "n", "prompt", "input", "instructions", "background", "max_output_tokens", "text", "format",
+    "system", "role", "content", "type", "text", "image_url", "url", "source", "media_type", "data",
+    "tool_use_id", "tool_call_id", "tool_calls", "function", "name", "arguments", "parameters", "input_schema",
+    "id", "call_id", "output", "detail", "reasoning", "effort", "metadata", "stop_sequences", "top_k",
+    "thinking", "budget_tokens", "user", "store", "logprobs", "frequency_penalty", "presence_penalty",
+]  # fmt: skip
+SERVER_LEAF = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-3, 5000),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=6),
+    st.sampled_from(["user", "assistant", "system", "tool", "developer", "text", "image_url", "input_text",
+                     "input_image", "function", "function_call", "function_call_output", "message", "tool_use",
+                     "tool_result", "image", "json_schema", "json_object", "auto", "none", "required", "any",
+                     "base64", "image/png", "data:image/png;base64,iVBORw0KGgo="]),
+)  # fmt: skip
+BODY = st.recursive(
+    SERVER_LEAF,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.sampled_from(SERVER_KEYS), inner, max_size=7)
+    ),
+    max_leaves=30,
+)
+
+
+def _taken_or_refused(decode: Any, body: Any, **kw: Any) -> None:
+    try:
+        decode(body, **kw)
+    except chat_server.BadRequest:
+        pass
+
+
+@FUZZ
+@given(st.dictionaries(st.sampled_from(SERVER_KEYS), BODY, max_size=8))
+def test_the_server_sides_take_any_body_or_refuse_it_with_a_bad_request(body: dict[str, Any]) -> None:
+    """What a client sends the gateway is read by the server side of its wire: a body it cannot
+    take is a ``BadRequest`` (a 400), never a ``KeyError`` or ``TypeError`` (a 500)."""
+    _taken_or_refused(chat_server.generation_args, body, chat=True)
+    _taken_or_refused(chat_server.generation_args, body, chat=False)
+    _taken_or_refused(responses_server.chat_body_of, body)
+    _taken_or_refused(messages_server.messages_args, body)
+    _taken_or_refused(messages_server.messages_args, body, count_only=True)
+
+
+# -- a wire is a pair: what the server side encodes, the client side decodes to the same answer -----
+
+PIECES = st.lists(
+    st.tuples(st.sampled_from(["delta", "reasoning"]), st.text(min_size=1, max_size=8)), min_size=1, max_size=12
+)
+
+
+def _sse_data(stream: bytes) -> list[Any]:
+    import json
+
+    from abstract_client.http.sse import SSEDecoder
+
+    decoder = SSEDecoder()
+    events = decoder.feed(stream)
+    decoder.end()
+    return [json.loads(e.data) for e in events if e.data != "[DONE]"]
+
+
+def _answer(chunks: list[Any]) -> tuple[str, str]:
+    return "".join(c.delta for c in chunks), "".join(c.reasoning for c in chunks)
+
+
+@FUZZ
+@given(PIECES)
+def test_each_wire_decodes_what_its_server_side_encodes(pieces: list[tuple[str, str]]) -> None:
+    from abstract_client.types import GenerateResult, StreamChunk, Usage
+
+    sent = [StreamChunk(**{kind: text}) for kind, text in pieces]
+    expected = _answer(sent)
+    usage = Usage(prompt_tokens=3, completion_tokens=5)
+    result = GenerateResult(
+        content=expected[0], finish_reason="stop", usage=usage, timings=None, model="m", provider="p", request_id="r1"
+    )
+
+    encoder = chat_server.FrameEncoder("r1", "m", 0, chat=True)
+    frames = _sse_data(b"".join(encoder.encode(c) for c in sent))
+    assert _answer([c for f in frames for c in chat.chat_chunks(f)]) == expected
+
+    builder = responses_server.ResponseBuilder("resp_" + "0" * 32, "m", {}, background=False)
+    events = builder.started() + [e for c in sent for e in builder.chunk(c)] + builder.finished(result)
+    decoder = responses.ResponseEvents()
+    assert _answer([c for e in events for c in decoder.chunks(e)]) == expected
+
+    message = messages_server.MessageFrames("r1", "m")
+    stream = b"".join(message.chunk(c) for c in sent) + message.end(result)
+    decoded = messages.MessageEvents()
+    assert _answer([c for e in _sse_data(stream) for c in decoded.chunks(e)]) == expected

@@ -13,6 +13,7 @@ import time
 from typing import TextIO
 
 from ..errors import GenerationCancelledError
+from ..provider import engine_record
 from ..registry import create_llm
 from ..types import Message
 
@@ -62,7 +63,7 @@ def run_demo(stop_after_tokens: int = 40, out: TextIO | None = None) -> int:
         except GenerationCancelledError as err:
             raised = time.perf_counter()
             provider = llm.provider
-            stats = provider.engine_record(request_id)
+            stats = engine_record(provider, request_id)
             provider.thread.wait_idle(10)  # type: ignore[attr-defined]
             engine_tokens = stats.tokens if stats is not None else err.generated_tokens
             write(

@@ -14,6 +14,7 @@ import time
 import anyio
 
 from ..http.guard import SocketGuard
+from ..provider import HttpProvider
 from .call import Call
 from .lifecycle import Phase
 from .translate import cancelled
@@ -28,9 +29,8 @@ async def admit(call: Call) -> None:
     # that no per-loop state is needed), unless its own stop comes first.
     while call.gate is not None and call.gate.is_set() and not call.token.is_set:
         await anyio.sleep(0.005)
-    clients = call.provider.clients
-    if clients is not None:
-        await clients.prepare()
+    if isinstance(call.provider, HttpProvider):
+        await call.provider.clients.prepare()
     admit_now(call)
 
 
@@ -45,7 +45,7 @@ def admit_now(call: Call) -> None:
     if token.is_set:  # rule 1: nothing is sent
         release(call)
         raise cancelled(call)
-    if call.provider.clients is not None:  # an HTTP lane: its stop severs the call's socket
+    if isinstance(call.provider, HttpProvider):  # its stop severs the call's socket
         call.guard = SocketGuard()
         call.guard.register(token)
 

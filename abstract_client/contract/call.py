@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ..output.tool_calls import ToolCallAssembler
-from ..provider import CallContext, Provider
+from ..provider import CallContext, Provider, http_clients
 from ..stopping.token import InflightRegistry, StopToken
 from ..types import GenerationRequest, StreamChunk, Timeout, Timings, ToolCall, ToolCallDelta, Usage
 from .lifecycle import MOVES, LifecycleError, Phase, notify
@@ -184,7 +184,7 @@ class Call:
         self.ctx = CallContext(
             token=token,
             request_id=token.request_id,
-            clients=spec.provider.clients,
+            clients=http_clients(spec.provider),
             connect_timeout=spec.timeout.connect,
             on_chunk=self.progress.record,
         )

@@ -17,7 +17,7 @@ import anyio
 
 from ..errors import ProviderProtocolError
 from ..http.wire import StreamRefusedError
-from ..provider import Completion
+from ..provider import Completion, served_by
 from ..stopping.token import InflightRegistry, StopToken
 from ..types import GenerateResult, GenerationRequest, StreamChunk, Timeout, Timings
 from .admission import admit, release
@@ -106,7 +106,8 @@ async def complete(call: Call) -> Completion:
     """One non-streaming attempt: the provider's plain route, or its streaming wire assembled
     here, into the same ``Completion`` (content, usage, timings, finish_reason, model)."""
     provider, request = call.provider, call.wire_request
-    if provider.plain_route and not request.resumable and (not provider.complete_over_stream or request.plain_wire):
+    over_stream = provider.complete_over_stream and not provider.plain_by_default
+    if provider.plain_route and not request.resumable and (not over_stream or request.plain_wire):
         return await _complete_plain(call)
     try:
         return await _complete_over_stream(call)
@@ -116,7 +117,7 @@ async def complete(call: Call) -> Completion:
     # A server that answers ``stream: true`` with one JSON body: this lane's calls take its plain
     # route from now on (a stop then cannot keep the partial text: stop_error says so).
     log.warning("%s: the server does not stream; generate() uses its plain route", provider.name)
-    provider.complete_over_stream = False
+    provider.plain_by_default = True
     return await _complete_plain(call)
 
 
@@ -175,7 +176,7 @@ def result_of(call: Call, raw: Any = None) -> GenerateResult:
         tool_calls=list(p.tool_calls),
         parsed=p.parsed,
         reasoning=p.reasoning or None,
-        member=call.provider.served_by(call.request_id),
+        member=served_by(call.provider, call.request_id),
     )
 
 

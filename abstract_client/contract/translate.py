@@ -17,6 +17,7 @@ import httpx
 
 from ..errors import AbstractClientError, GenerationCancelledError, ProviderProtocolError
 from ..http.mapping import map_transport_error
+from ..provider import engine_record, served_by
 from .call import Call
 
 __all__ = [
@@ -85,7 +86,7 @@ def attach(call: Call, err: AbstractClientError) -> AbstractClientError:
     err.provider = err.provider or call.provider.name
     err.model = err.model or progress.model or call.wire_request.model
     err.request_id = err.request_id or call.request_id
-    err.member = err.member or call.provider.served_by(call.request_id)
+    err.member = err.member or served_by(call.provider, call.request_id)
     err.partial_reasoning = err.partial_reasoning or progress.reasoning
     if progress.tools or progress.fallback is not None:
         err.tool_calls = err.tool_calls or progress.complete_tool_calls()
@@ -123,13 +124,16 @@ def stop_error(call: Call) -> GenerationCancelledError:
         signal_reason=token.signal_reason,
     )
     attach(call, err)
-    engine = call.provider.usage_at_stop(call.request_id)
-    if engine is not None:  # an in-process engine counts what it sampled, text it still held back too
-        err.usage, err.generated_tokens = engine, engine.completion_tokens or 0
+    record = engine_record(call.provider, call.request_id)
+    if record is None:  # a server's evidence is its own (a log line, /metrics), not ours
+        return err
+    usage = record.usage_at_stop()
+    if usage is not None:  # an in-process engine counts what it sampled, text it still held back too
+        err.usage, err.generated_tokens = usage, usage.completion_tokens or 0
     progress = call.progress
     if progress.fallback is None and not progress.tools:  # plain text (a tool call is not re-read)
-        text = call.provider.text_at_stop(call.request_id)
-        if text is not None and len(text) > len(err.partial_text) and text.startswith(err.partial_text):
+        text = record.text_at_stop()
+        if len(text) > len(err.partial_text) and text.startswith(err.partial_text):
             err.partial_text = text
     return err
 

@@ -20,7 +20,7 @@ import anyio
 
 from ..errors import AbstractClientError
 from ..http.guard import SocketGuard, current_guard
-from ..provider import CallContext
+from ..provider import CallContext, http_clients
 from ..stopping.token import Step, StopToken
 from ..types import GenerationRequest, StreamChunk
 from .health import counts_against
@@ -55,7 +55,8 @@ class Attempt:
         self.request = request
         self.token = StopToken(call_ctx.request_id)
         self.guard: SocketGuard | None = None
-        if provider.clients is not None:
+        self.clients = http_clients(provider)
+        if self.clients is not None:
             self.guard = SocketGuard()
             self.guard.register(self.token)
         self._event = call_ctx.span_event
@@ -64,7 +65,7 @@ class Attempt:
         self.ctx = CallContext(
             token=self.token,
             request_id=call_ctx.request_id,
-            clients=provider.clients,
+            clients=self.clients,
             connect_timeout=call_ctx.connect_timeout,
             trace_headers=call_ctx.trace_headers,
         )
@@ -86,8 +87,8 @@ class Attempt:
         reset = current_guard.set(self.guard)  # a connection made (or reused) now is this attempt's
         try:
             if self._source is None:
-                if self.provider.clients is not None:
-                    await self.provider.clients.prepare()
+                if self.clients is not None:
+                    await self.clients.prepare()
                 self._source = self.provider.stream(self.request, self.ctx)
             chunk = await self._source.__anext__()
         finally:

@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..llm import LLM
+from ..provider import http_clients
 from ..types import Timeout
 from .health import HealthPolicy
 from .member import Member
@@ -134,7 +135,7 @@ class Fleet(LLM):
 
 
 def _name_of(llm: LLM, index: int) -> str:
-    clients = llm.provider.clients
-    if clients is not None and getattr(clients, "base_url", None):
+    clients = http_clients(llm.provider)
+    if clients is not None and clients.base_url:
         return str(clients.base_url)
     return f"{llm.provider.name}:{llm.provider.model or index}"

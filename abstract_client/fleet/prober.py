@@ -20,6 +20,7 @@ import anyio
 from .._sync import Portal
 from ..errors import NotSupportedError
 from ..http.wire import single_probe
+from ..provider import InProcessProvider
 from .member import Member
 
 __all__ = ["Prober", "probe_once"]
@@ -30,7 +31,7 @@ log = logging.getLogger(__name__)
 async def probe_once(member: Member, timeout: float) -> bool:
     """One readiness request to ``member``; True (and the member healthy) if it answered ready.
     A member with no readiness route is marked unprobeable: its next call is the probe."""
-    if getattr(member.llm.provider, "in_process", False):  # its "readiness" is loading the model
+    if isinstance(member.llm.provider, InProcessProvider):  # its "readiness" is loading the model
         member.health.probeable = False
         return False
     token = single_probe.set(True)

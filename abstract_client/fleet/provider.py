@@ -32,7 +32,16 @@ import anyio
 
 from ..contract.translate import as_typed
 from ..errors import AbstractClientError, ServerUnavailableError
-from ..provider import CallContext, EmbeddingBatch, ModelInfo, Provider, UnloadReport
+from ..provider import (
+    CallContext,
+    EmbeddingBatch,
+    EngineRecord,
+    ModelInfo,
+    RoutingProvider,
+    UnloadReport,
+    engine_record,
+    http_clients,
+)
 from ..types import GenerationRequest, StreamChunk
 from .attempt import Attempt
 from .health import may_fail_over
@@ -47,12 +56,11 @@ log = logging.getLogger(__name__)
 _MIN_OBSERVED = 20  # first-chunk times observed before a quantile hedge delay applies
 
 
-class FleetProvider(Provider):
+class FleetProvider(RoutingProvider):
     """The provider of a :class:`~abstract_client.fleet.Fleet`: each call routed to a member, failed
     over before its first byte, hedged if asked."""
 
     name = "fleet"
-    propagates_trace = True  # each attempt's request carries the call span's traceparent
     complete_over_stream = True  # every call streams from its member: a stop is always a sever
     plain_route = False
 
@@ -250,18 +258,11 @@ class FleetProvider(Provider):
         for attempt in self._running.get(request_id, []):
             attempt.provider.on_cancel(request_id)
 
-    def text_at_stop(self, request_id: str) -> str | None:
+    def engine_record(self, request_id: str) -> EngineRecord | None:
         name = self._served.get(request_id)
         for member in self.members:
             if member.name == name:
-                return member.llm.provider.text_at_stop(request_id)
-        return None
-
-    def usage_at_stop(self, request_id: str) -> Any:
-        name = self._served.get(request_id)
-        for member in self.members:
-            if member.name == name:
-                return member.llm.provider.usage_at_stop(request_id)
+                return engine_record(member.llm.provider, request_id)
         return None
 
     # -- everything else goes to one member (with failover), or to all -----------------------------
@@ -290,7 +291,7 @@ class FleetProvider(Provider):
         async def one(member: Member) -> EmbeddingBatch:
             m = member.llm.provider.model if model == self.model else model
             sub = CallContext(
-                token=ctx.token, request_id=ctx.request_id, clients=member.llm.provider.clients,
+                token=ctx.token, request_id=ctx.request_id, clients=http_clients(member.llm.provider),
                 connect_timeout=ctx.connect_timeout, trace_headers=ctx.trace_headers,
             )  # fmt: skip
             self._mark(ctx.request_id, member)

@@ -27,14 +27,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from ..wires.chat_server import openai_error
 from . import routes
 from .auth import RequestIdAndAuth
 from .browsers import BrowserPolicy
 from .config import GatewayConfig
 from .generation import embeddings_endpoint, generation_endpoint
 from .messages import count_tokens_endpoint, messages_endpoint
-from .openai_wire import openai_error
-from .responses import BackgroundStore, cancel_response, get_response, responses_endpoint
+from .responses import cancel_response, get_response, responses_endpoint
 from .state import Gateway
 from .workers import Peers
 
@@ -46,7 +46,6 @@ log = logging.getLogger("abstract_client.gateway")
 def create_app(config: GatewayConfig, *, peers: Peers | None = None) -> Starlette:
     gateway = Gateway(config)
     gateway.peers = peers
-    gateway.background = BackgroundStore(gateway)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> Any:

@@ -16,12 +16,12 @@ from starlette.types import Message, Receive, Scope, Send
 
 from .. import telemetry
 from ..errors import GenerationCancelledError, StopReason
-from . import disconnects
-from .openai_wire import Shape, as_written, error_body, openai_error
+from ..wires.chat_server import Shape, as_written, error_body, openai_error
+from .departures import watch_client
 from .request_ids import scoped
 from .state import Backend, Flight, Gateway
 
-__all__ = ["GenerationResponse", "guarded_send", "guarded_send_json", "json_messages", "send_json", "watch_disconnect"]
+__all__ = ["GenerationResponse", "guarded_send", "guarded_send_json", "json_messages", "send_json"]
 
 
 def json_messages(status: int, body: Any, headers: list[tuple[bytes, bytes]] | None = None) -> tuple[Message, Message]:
@@ -76,10 +76,6 @@ class GenerationResponse:
         )
         flight.owner = state.get("owner")
         flight.call_id = key
-        state["flight"] = flight  # the protocol's connection_lost stops it directly
-        # ... and before that, the disconnect thread (it does not wait for the loaded loop)
-        watching = disconnects.watcher()
-        watched = watching.watch(state["client_socket"], flight) if watching and state.get("client_socket") else None
         gateway.flights[key] = flight
         gateway.metrics.started(backend.name)
         status = 500
@@ -90,16 +86,8 @@ class GenerationResponse:
         # the caller's trace continues here; the backend call's span is this span's child
         with telemetry.server_span(f"POST {path}", scope.get("headers") or [], self.request_id, path) as flight.span:
             try:
-                if "client_socket" in state:
-                    # Served by the gateway's own protocol: its connection_lost and the disconnect
-                    # thread stop the flight, sooner than a task reading http.disconnect would
-                    # (and a task per request is a tenth of a request's cost here).
+                async with watch_client(state, flight, receive):  # its departure is its stop
                     status = await self._in_slot(flight, send)
-                else:  # mounted in another ASGI server: http.disconnect is the only news
-                    async with anyio.create_task_group() as tg:
-                        tg.start_soon(watch_disconnect, receive, flight)
-                        status = await self._in_slot(flight, send)
-                        tg.cancel_scope.cancel()
             finally:
                 if not replied.started:
                     # The client left before the answer began (or half-closed its side: TCP cannot
@@ -113,12 +101,10 @@ class GenerationResponse:
                         )
                         await self._refuse(send, *error_body(stop), [(b"connection", b"close")])
                 elif flight.reason in ("client_disconnect", "client_stalled"):
-                    client_left = state.get("client_left")  # the gateway's protocol: no ERROR line
-                    if client_left is not None:
-                        client_left()
+                    abort_connection = state.get("abort_connection")  # the gateway's protocol: no ERROR line
+                    if abort_connection is not None:
+                        abort_connection()
                 flight.finished = True
-                if watching is not None:
-                    watching.unwatch(watched)
                 del gateway.flights[key]
                 gateway.metrics.finished(backend.name, self.endpoint, status)
                 if flight.span is not None:
@@ -180,15 +166,6 @@ class _Watched:
         if message["type"] == "http.response.start":
             self.started = True
         await self._send(message)
-
-
-async def watch_disconnect(receive: Receive, flight: Flight) -> None:
-    """The client's disconnect IS the stop (the request body was already read)."""
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            flight.stop("client_disconnect")
-            return
 
 
 async def guarded_send(send: Send, flight: Flight, *messages: Message) -> None:

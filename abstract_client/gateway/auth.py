@@ -11,10 +11,10 @@ import anyio
 from starlette.applications import Starlette
 from starlette.types import Message, Receive, Scope, Send
 
+from ..wires.chat_server import openai_error
 from .asgi import send_json
 from .body import REQUEST_ID
 from .browsers import BrowserPolicy
-from .openai_wire import openai_error
 
 __all__ = ["RequestIdAndAuth"]
 

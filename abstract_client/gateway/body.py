@@ -11,7 +11,7 @@ import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from .openai_wire import MAX_MESSAGES, BadRequest, error_body, openai_error
+from ..wires.chat_server import MAX_MESSAGES, BadRequest, error_body, openai_error
 
 __all__ = [
     "MAX_JSON_DEPTH",

@@ -15,9 +15,7 @@ from starlette.types import Send
 
 from ..errors import GenerationCancelledError
 from ..types import GenerateResult, StreamChunk
-from .asgi import GenerationResponse, guarded_send, guarded_send_json
-from .body import error_response, no_backend, read_json, request_id_of
-from .openai_wire import (
+from ..wires.chat_server import (
     BadRequest,
     FrameEncoder,
     Shape,
@@ -31,6 +29,8 @@ from .openai_wire import (
     text_completion,
     usage_frame,
 )
+from .asgi import GenerationResponse, guarded_send, guarded_send_json
+from .body import error_response, no_backend, read_json, request_id_of
 from .sse_writer import FrameWriter
 from .state import Flight, Gateway
 
@@ -176,7 +176,7 @@ async def stream_answer(
         tg.start_soon(writer.run)
         failed: Exception
         try:
-            result = await _relay(gateway, flight, writer, kwargs, frames)
+            result = await _write_stream(gateway, flight, writer, kwargs, frames)
         except GenerationCancelledError as err:
             gateway.stop_recorded(flight, err)
             status, failed = 499, err
@@ -196,7 +196,7 @@ async def stream_answer(
     return status
 
 
-async def _relay(
+async def _write_stream(
     gateway: Gateway, flight: Flight, writer: FrameWriter, kwargs: dict[str, Any], frames: StreamFrames
 ) -> GenerateResult:
     """Run the stream into ``writer``, one chunk's bytes at a time; its result."""

@@ -3,7 +3,7 @@ every backend the gateway serves (Claude Code, the ``anthropic`` SDK, the agents
 
 The same flight as the chat route (``asgi.GenerationResponse``): keys, request ids, slots,
 bounds, stop records, and a client that leaves is the stop — the upstream severed, the
-in-process engine's flag set. Only the wire differs (``messages_wire.py``)."""
+in-process engine's flag set. Only the wire differs (``wires/messages_server.py``)."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ from starlette.responses import JSONResponse
 from starlette.types import Send
 
 from ..types import GenerationRequest
+from ..wires.chat_server import BadRequest
+from ..wires.messages_server import MessageFrames, anthropic_error_body, anthropic_shape, message_body, messages_args
 from .asgi import GenerationResponse
 from .body import read_json, request_id_of
 from .generation import stream_answer, whole_answer
-from .messages_wire import MessageFrames, anthropic_error_body, anthropic_shape, message_body, messages_args
-from .openai_wire import BadRequest
 from .state import Flight, Gateway
 
 __all__ = ["count_tokens_endpoint", "messages_endpoint"]

@@ -1,5 +1,5 @@
 """The gateway's OpenAPI 3.1 document, served at ``/openapi.json``: the routes it really has,
-what their bodies may hold (the checks ``openai_wire`` and the library's call boundary make),
+what their bodies may hold (the checks ``wires.chat_server`` and the library's call boundary make),
 and the OpenAI error body every failure answers with. ``tests/test_gateway_openapi.py`` runs
 schemathesis against it (no 5xx for anything a client can send)."""
 

@@ -3,10 +3,10 @@
 1. **The disconnect acts where it is seen.** Through ASGI, a client's disconnect travels
    ``connection_lost`` → an event → the watcher task's wake-up: three turns of the event loop,
    and under load every turn carries every stream's queued chunk work (this was the 1-2 s stop
-   at 300 streams). Here ``connection_lost`` stops the request's flight itself: the upstream
-   socket is shut down in that same callback. (Before it, the disconnect thread of
-   ``disconnects.py`` has usually done so already, without waiting for the loop; the protocol
-   hands it each request's client socket.)
+   at 300 streams). Here ``connection_lost`` (a close) and ``eof_received`` (a half-close) tell
+   the request's watch (``departures.py``) in that same callback, and the upstream socket is
+   shut down there. (Before them, the departure thread has usually done so already, without
+   waiting for the loop: the protocol hands the app each request's client socket for it.)
 2. **Slowloris.** uvicorn has no header timeout: a connection that sends its headers one byte a
    second is held forever. A connection whose request head is not complete within
    ``header_timeout`` seconds (from its first byte, or from the connection) gets a 408 and is
@@ -20,7 +20,7 @@ from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from .disconnects import client_socket
+from .departures import client_socket
 
 __all__ = ["GatewayProtocol", "protocol_class"]
 
@@ -53,18 +53,18 @@ class GatewayProtocol(H11Protocol):
         super().data_received(data)
         if self.cycle is not None and self.cycle is not self._head_cycle:  # a head arrived
             self._head_cycle = self.cycle
-            # the app hands it to the disconnect thread (disconnects.py) while a request runs
+            # the app hands it to the departure thread (departures.py) while a request runs
             state = self.cycle.scope.setdefault("state", {})
             state["client_socket"] = client_socket(self.transport)
-            state["client_left"] = self._client_left
+            state["abort_connection"] = self._abort_connection
             if self._head_timer is not None:
                 self._head_timer.cancel()
                 self._head_timer = None
 
-    def _client_left(self) -> None:
+    def _abort_connection(self) -> None:
         """The app ends a request whose client left (or stalled past the write timeout) before
         its answer was complete: close the connection at once, and mark the request's
-        cycle disconnected. The disconnect thread sees a departure before the loop's
+        cycle disconnected. The departure thread sees a departure before the loop's
         ``connection_lost`` does, so without this uvicorn took the app's return for an app that
         forgot to finish its response and logged an ERROR for a client that merely left."""
         cycle = self.cycle
@@ -78,16 +78,17 @@ class GatewayProtocol(H11Protocol):
         """The client shut its sending side (``shutdown(SHUT_WR)``; some proxies do, after the
         request): keep ours open, so the request's answer — a stop, since TCP cannot tell this
         from a close before it is written to — can still be sent (uvicorn's default closes the
-        transport, and the client got nothing, or a 500). A request in flight is stopped here
-        too: the disconnect thread's ``EPOLLRDHUP`` usually acts first, and this is the loop's own
-        path for a half-close, as ``connection_lost`` is for a close (once, under a loaded
-        suite, neither saw it and a half-closed client got its whole answer)."""
-        cycle = self.cycle
-        if cycle is not None and not cycle.response_complete:
-            flight = (cycle.scope.get("state") or {}).get("flight")
-            if flight is not None:
-                flight.stop("client_disconnect")
+        transport, and the client got nothing, or a 500). A request in flight is told of the
+        departure too (``departures.py``: the loop's sign of a half-close)."""
+        self._tell_departure(self.cycle)
         return True
+
+    @staticmethod
+    def _tell_departure(cycle: Any) -> None:
+        if cycle is not None and not cycle.response_complete:
+            watch = (cycle.scope.get("state") or {}).get("client_watch")
+            if watch is not None:
+                watch.left()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._head_timer is not None:
@@ -95,10 +96,7 @@ class GatewayProtocol(H11Protocol):
             self._head_timer = None
         cycle = self.cycle
         super().connection_lost(exc)
-        if cycle is not None and not cycle.response_complete:
-            flight = (cycle.scope.get("state") or {}).get("flight")
-            if flight is not None:
-                flight.stop("client_disconnect")  # severs the upstream now, in this callback
+        self._tell_departure(cycle)  # severs the upstream now, in this callback
 
 
 def protocol_class(header_timeout: float) -> type[GatewayProtocol]:

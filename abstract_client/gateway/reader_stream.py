@@ -47,9 +47,9 @@ class ReaderStream:
                 async for chunk in self.events:
                     if not await self._write(send, {"type": "http.response.body", "body": chunk, "more_body": True}):
                         self.stalled = True
-                        client_left = (scope.get("state") or {}).get("client_left")
-                        if client_left is not None:  # the gateway's protocol: close it, no ERROR line
-                            client_left()
+                        abort_connection = (scope.get("state") or {}).get("abort_connection")
+                        if abort_connection is not None:  # the gateway's protocol: close it, no ERROR line
+                            abort_connection()
                         break
                 else:
                     await self._write(send, {"type": "http.response.body", "body": b"", "more_body": False})

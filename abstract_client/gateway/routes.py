@@ -14,8 +14,8 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 
 from ..fleet import Fleet
+from ..wires.chat_server import BadRequest, openai_error
 from .body import REQUEST_ID, error_response, no_backend, read_json
-from .openai_wire import BadRequest, openai_error
 from .openapi import openapi_document
 from .request_ids import flights_named, scoped
 from .state import Gateway

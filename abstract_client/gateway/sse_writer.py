@@ -3,7 +3,7 @@
 Why: an upstream under load delivers many frames per socket read, and the call's stream hands
 them out without yielding to the event loop. Sending each frame on its own costs a syscall, an
 h11/httptools event and a write-timeout scope per frame — at 300 streams that made the gateway
-the bottleneck (12k chunks/s relayed of 30k offered), and once it falls behind, every loop
+the bottleneck (12k chunks/s passed on of 30k offered), and once it falls behind, every loop
 iteration grows and a client's disconnect waits seconds behind queued chunk work. Here the
 producer only appends bytes; a writer task, woken once per batch, sends what has gathered. Idle,
 a batch is one frame (no added latency: the writer runs on the loop's next turn). Memory stays

@@ -25,7 +25,7 @@ import json
 from typing import Any
 
 from ..types import GenerateResult, StreamChunk, Usage
-from .openai_wire import MAX_MESSAGES, BadRequest, _check_sizes, model_field, shaped_error
+from .chat_server import MAX_MESSAGES, BadRequest, _check_sizes, model_field, shaped_error
 
 __all__ = [
     "MessageFrames",

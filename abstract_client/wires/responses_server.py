@@ -1,5 +1,5 @@
 """The OpenAI Responses API, from the gateway's side: a ``/v1/responses`` body into the chat
-body every generation route already validates (``openai_wire.generation_args``), and a
+body every generation route already validates (``chat_server.generation_args``), and a
 generation's chunks into the Responses stream events and ``response`` object. Pure functions
 and one builder per response; no I/O."""
 
@@ -12,7 +12,7 @@ from typing import Any
 
 from ..errors import GenerationCancelledError
 from ..types import GenerateResult, StreamChunk
-from .openai_wire import _PASSTHROUGH, BadRequest, error_body
+from .chat_server import _PASSTHROUGH, BadRequest, error_body
 
 __all__ = ["ResponseBuilder", "chat_body_of", "encode_event"]
 

@@ -1,0 +1,270 @@
+"""The background responses a gateway (worker) holds: each one's generation runs on, owned by the
+gateway, its events kept so that any number of readers can read them, bounded in count, time and
+bytes (``GatewayConfig``). ``responses.py`` serves them over HTTP; another worker's GET or cancel
+reaches the owning one as a line on the workers' Unix socket (:meth:`BackgroundStore.answer_peer`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from ..errors import GenerationCancelledError
+from ..types import GenerateResult
+from ..wires.chat_server import BadRequest, error_body, openai_error
+from ..wires.responses_server import ResponseBuilder, encode_event
+
+if TYPE_CHECKING:
+    from .config import GatewayConfig
+    from .flight import Flight
+    from .metrics import Metrics
+
+__all__ = ["OWNER_END", "OWNER_LOST", "Background", "BackgroundStore", "cancelled", "read_query"]
+
+log = logging.getLogger("abstract_client.gateway")
+
+_CANCEL_WAIT_S = 10.0  # how long a cancel waits for the engine's stop before it answers
+
+
+class Background:
+    """One background response: its generation's flight, its events, its readers' wake-up."""
+
+    def __init__(self, builder: ResponseBuilder, flight: Flight, owner: str | None) -> None:
+        self.builder, self.flight, self.owner = builder, flight, owner
+        self.events: list[bytes] = []
+        self.bytes = 0
+        self.done = False
+        self.finished_at: float | None = None
+        self.too_large = False
+        self._changed = asyncio.Event()
+
+    @property
+    def id(self) -> str:
+        return self.builder.id
+
+    def append(self, events: list[dict[str, Any]], limit: int) -> None:
+        """Keep ``events`` and wake the readers; past ``limit`` bytes the generation is stopped
+        (its last events are kept whatever their size: a reader must see how it ended)."""
+        for event in events:
+            data = encode_event(event)
+            self.events.append(data)
+            self.bytes += len(data)
+        if self.bytes > limit and not self.done and not self.too_large:
+            self.too_large = True
+            self.flight.stop("background_limit")
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def end(self) -> None:
+        self.done, self.finished_at = True, time.monotonic()
+        self._changed.set()
+
+    async def follow(self, after: int | None) -> AsyncIterator[bytes]:
+        """The events after sequence number ``after`` (all of them for None), then the live ones
+        until the last."""
+        index = 0 if after is None else max(0, after + 1)  # never from the end of the list
+        while True:
+            changed = self._changed
+            while index < len(self.events):
+                yield self.events[index]
+                index += 1
+            if self.done:
+                return
+            await changed.wait()
+
+
+class BackgroundStore:
+    """The background responses a gateway (worker) holds, bounded in count, time and bytes."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        flights: dict[str, Flight],
+        metrics: Metrics,
+        stop_recorded: Callable[[Flight, GenerationCancelledError], object],
+    ) -> None:
+        """``flights`` is the gateway's own (a background response is in flight while it runs);
+        ``stop_recorded`` records a stop as the gateway records every stop."""
+        self.config, self.flights, self.metrics, self.stop_recorded = config, flights, metrics, stop_recorded
+        self.items: OrderedDict[str, Background] = OrderedDict()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def purge(self) -> None:
+        """Forget the finished ones kept past their retention."""
+        horizon = time.monotonic() - self.config.background_retention
+        stale = [k for k, b in self.items.items() if b.finished_at is not None and b.finished_at < horizon]
+        for key in stale:
+            del self.items[key]
+
+    def room(self) -> bool:
+        """Room for one more: the oldest finished ones are dropped to make it."""
+        self.purge()
+        limit = self.config.max_background
+        for key in [k for k, b in self.items.items() if b.done]:
+            if len(self.items) < limit:
+                break
+            del self.items[key]
+        return len(self.items) < limit
+
+    async def answer_peer(self, words: list[str], writer: asyncio.StreamWriter) -> None:
+        """A GET or cancel relayed by another worker (``workers.relay``): ``get|cancel <id>
+        <owner|-> <admin 0|1> <stream> <starting_after|->``; answered ``<status> json|sse``,
+        then the body."""
+        if len(words) != 6 or words[0] not in ("get", "cancel"):
+            writer.write(b"400 json\n")
+            return
+        action, response_id, owner, admin, stream_word, after_word = words
+        try:
+            stream, after = read_query(stream_word, None if after_word == "-" else after_word)
+        except BadRequest:
+            writer.write(b"400 json\n")
+            return
+        record = self.get(response_id, None if owner == "-" else owner, admin == "1")
+        if record is None:
+            body = openai_error("no such background response", "invalid_request_error", "not_found")
+            writer.write(b"404 json\n" + json.dumps(body).encode())
+            return
+        if action == "cancel":
+            await cancelled(record)
+        elif stream:
+            writer.write(b"200 sse\n")
+            async for event in record.follow(after):
+                writer.write(event)
+                await writer.drain()  # a relaying worker whose reader left: OSError ends this
+            writer.write(OWNER_END)  # a close without it is an owner that died
+            await writer.drain()
+            return
+        writer.write(b"200 json\n" + json.dumps(record.builder.response()).encode())
+        await writer.drain()
+
+    def get(self, response_id: str, owner: str | None, admin: bool) -> Background | None:
+        self.purge()
+        record = self.items.get(response_id)
+        if record is None or not (admin or record.owner == owner):
+            return None  # another key's response is not even confirmed to exist
+        return record
+
+    async def aclose(self) -> None:
+        """At shutdown: stop the running ones (they end ``cancelled``), and let their tasks end
+        before the backends close (bounded)."""
+        for record in list(self.items.values()):
+            if not record.done:
+                record.flight.stop("shutdown")
+        if self._tasks:
+            with anyio.move_on_after(10):
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def start(self, record: Background, kwargs: dict[str, Any]) -> None:
+        self.items[record.id] = record
+        task = asyncio.get_running_loop().create_task(self._run(record, kwargs), name=f"background {record.id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, record: Background, kwargs: dict[str, Any]) -> None:
+        flight, builder = record.flight, record.builder
+        backend = flight.backend
+        limit = self.config.background_max_bytes
+        self.flights[flight.call_id] = flight
+        self.metrics.started(backend.name)
+        status = 500
+        try:
+            status = await self._in_slot(record, kwargs, limit)
+        except Exception:  # never lose a background response silently
+            log.exception("background response %s failed", record.id)
+            if not record.done:
+                record.append(builder.failed(RuntimeError("the gateway failed this response")), limit)
+        finally:
+            flight.finished = True
+            self.flights.pop(flight.call_id, None)
+            self.metrics.finished(backend.name, "responses", status)
+            record.end()
+
+    async def _in_slot(self, record: Background, kwargs: dict[str, Any], limit: int) -> int:
+        flight, builder, backend = record.flight, record.builder, record.flight.backend
+        with anyio.CancelScope() as queued:
+            flight.queue_scope = queued
+            with anyio.move_on_after(backend.cfg.queue_timeout) as waited:
+                await backend.slots.acquire()
+        flight.queue_scope = None
+        if queued.cancelled_caught:
+            stop = GenerationCancelledError(f"stopped while queued ({flight.reason})", reason="user")
+            record.append(builder.failed(stop), limit)
+            return 499
+        if waited.cancelled_caught:
+            message = f"{backend.name} is busy: no slot within {backend.cfg.queue_timeout}s"
+            record.append(builder.failed_with("queue_timeout", message), limit)
+            return 503
+        try:
+            record.append(builder.started(), limit)
+            stream = backend.llm.astream(**kwargs, signal=flight.controller.signal, request_id=flight.call_id)
+            async with stream:
+                async for chunk in stream:
+                    events = builder.chunk(chunk)
+                    if events:
+                        record.append(events, limit)
+            result: GenerateResult = stream.result()
+            self.metrics.prompt(backend.name, result.usage)
+            record.append(builder.finished(result), limit)
+            return 200
+        except GenerationCancelledError as err:
+            self.stop_recorded(flight, err)
+            if record.too_large:
+                message = f"the response's events passed {limit} bytes (background_max_bytes): it was stopped"
+                record.append(builder.failed_with("response_too_large", message), limit)
+                return 507
+            record.append(builder.failed(err), limit)
+            return 499
+        except Exception as err:
+            record.append(builder.failed(err), limit)
+            return error_body(err)[0]
+        finally:
+            backend.slots.release()
+
+
+async def cancelled(record: Background) -> None:
+    """Stop a background response's engine; return once it stopped (bounded), so the answer
+    says how it ended."""
+    if record.done:
+        return
+    record.flight.stop("cancel_endpoint")
+    with anyio.move_on_after(_CANCEL_WAIT_S):
+        async for _ in record.follow(len(record.events) - 1):
+            pass
+
+
+# Ends a relayed event stream that the owner finished (SSE text never holds a NUL byte).
+OWNER_END = b"\0"
+OWNER_LOST = encode_event(
+    {
+        "type": "error",
+        "code": "owner_lost",
+        "message": "the worker that ran this response went away before it ended",
+        "param": None,
+    }
+)
+
+
+_STREAM_WORDS = {"true": True, "1": True, "false": False, "0": False}
+_AFTER = re.compile(r"-1|0|[1-9][0-9]{0,17}")  # ASCII digits only: int() takes "٣", " 3", "1_0"
+
+
+def read_query(stream: str | None, starting_after: str | None) -> tuple[bool, int | None]:
+    """``?stream=&starting_after=`` of a background response's GET, parsed once for the route,
+    the worker that relays it and the owning one (they disagreed: the relay refused what the
+    owner took, and a negative number reached the owner's event list)."""
+    word = "false" if stream is None else stream.lower()
+    if word not in _STREAM_WORDS:
+        raise BadRequest("stream must be true or false")
+    if starting_after is None:
+        return _STREAM_WORDS[word], None
+    if not _AFTER.fullmatch(starting_after):
+        raise BadRequest(f"starting_after must be an integer >= -1, not {starting_after!r:.40}")
+    return _STREAM_WORDS[word], int(starting_after)
