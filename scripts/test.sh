@@ -47,12 +47,13 @@ if ! python3 -m pip install -q -e '.[dev,mlx,vlm,transformers,cli]' >"$log" 2>&1
   exit 1
 fi
 # Chromium: the chat page's browser test (Playwright drives it, no browser download);
-# tinyproxy and nginx: the network tests start their own, on loopback ports.
-echo ">> Debian packages: chromium, tinyproxy, nginx"
+# tinyproxy, nginx and redis-server: the network tests start their own, on loopback ports.
+echo ">> Debian packages: chromium, tinyproxy, nginx, redis-server"
 need=()
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v tinyproxy >/dev/null 2>&1 || [[ -x /usr/bin/tinyproxy ]] || need+=(tinyproxy)
 command -v nginx >/dev/null 2>&1 || [[ -x /usr/sbin/nginx ]] || need+=(nginx-light)
+command -v redis-server >/dev/null 2>&1 || [[ -x /usr/bin/redis-server ]] || need+=(redis-server)
 if [[ ${#need[@]} -gt 0 ]]; then
   sudo=""
   [[ "$(id -u)" -ne 0 ]] && sudo="sudo"

@@ -149,10 +149,11 @@ class Nginx:
         self,
         workdir: Path,
         certs: Certificates | None,
-        upstream_port: int,
+        upstream_port: int | None,
         *,
         client_certs: bool = False,
         location: str | None = None,
+        http_block: str = "",
     ) -> None:
         self.port = free_port()
         self.tls = certs is not None
@@ -175,7 +176,7 @@ class Nginx:
             proxy_read_timeout 600s;
         }"""
         )
-        location = location.replace("{upstream}", f"127.0.0.1:{upstream_port}")
+        location = location.replace("{upstream}", f"127.0.0.1:{upstream_port}")  # (http_block: an upstream {...})
         tmp = self.dir / "tmp"
         conf = f"""
 master_process off;
@@ -190,6 +191,7 @@ http {{
     fastcgi_temp_path {tmp}/fastcgi;
     uwsgi_temp_path {tmp}/uwsgi;
     scgi_temp_path {tmp}/scgi;
+    {http_block}
     server {{
         {listen};
         {location}

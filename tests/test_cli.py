@@ -265,3 +265,28 @@ def test_the_line_reader_reads_lines_and_the_end_of_input() -> None:
             reader.input(Quiet(), "> ")
     os.close(r)
     assert signal.getsignal(signal.SIGINT) is before  # whatever was there is put back
+
+
+def test_ctrl_c_never_sets_the_stop_under_a_lock_the_interrupted_thread_holds() -> None:
+    """A Python signal handler runs in the main thread between two bytecodes; at that instant the
+    thread may hold the stop event's own lock (``Event.wait`` holds it around its check). A
+    handler that set the event there took a non-reentrant lock twice and hung the chat with its
+    answer streaming on (seen under load: Ctrl-C, and nothing for 30 s). Here the press lands
+    exactly then, every time."""
+    code = """
+import signal
+from abstract_client.app.cli import StopKey
+
+key = StopKey()
+with key:
+    with key.event._cond:  # the main thread holds the event's lock...
+        signal.raise_signal(signal.SIGINT)  # ...when Ctrl-C lands
+    assert key.event.wait(10), "the press was lost"
+print("stopped")
+"""
+    env = {k: v for k, v in os.environ.items() if k in ("PYTHONPATH", "HOME", "PATH")}
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, env=env)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("the Ctrl-C handler hung on the stop event's lock") from None
+    assert done.stdout.strip() == "stopped", done.stderr

@@ -83,22 +83,38 @@ def _llm(args: argparse.Namespace) -> LLM:
 
 class StopKey:
     """While an answer streams, SIGINT sets a stop event instead of raising KeyboardInterrupt;
-    a second Ctrl-C within ``double_press`` seconds exits."""
+    a second Ctrl-C within ``double_press`` seconds exits.
+
+    The press is set by a thread of the key's own, never inside the signal handler: a Python
+    handler runs in the main thread between two of its bytecodes, and that thread may hold, at
+    that instant, the very lock ``Event.set()`` takes (``Event.wait`` holds it around its
+    check; the stop it sets off wakes that same thread) — a non-reentrant lock taken twice by
+    one thread, and the chat hung with its answer streaming on. The handler only writes a byte
+    to a pipe, which is safe anywhere."""
 
     def __init__(self, double_press: float = 1.0) -> None:
         self.event = threading.Event()
         self.pressed_at: float | None = None
         self.double_press = double_press
         self._previous: Any = None
+        self._session = 0  # which answer a press belongs to (a late one must not stop the next)
+        self._read, self._write = os.pipe()
+        threading.Thread(target=self._presses, name="abstract-client-stop-key", daemon=True).start()
 
     def _handler(self, signum: int, frame: FrameType | None) -> None:
         now = time.perf_counter()
         if self.pressed_at is not None and now - self.pressed_at < self.double_press:
             raise KeyboardInterrupt
         self.pressed_at = now
-        self.event.set()
+        os.write(self._write, bytes([self._session % 256]))
+
+    def _presses(self) -> None:
+        while data := os.read(self._read, 64):
+            if data[-1] == self._session % 256:
+                self.event.set()  # the stop, pressed from this thread: as a Stop button would
 
     def __enter__(self) -> StopKey:
+        self._session += 1
         self.event.clear()
         self.pressed_at = None
         self._previous = signal.signal(signal.SIGINT, self._handler)
@@ -407,6 +423,8 @@ def _gateway_config(args: argparse.Namespace) -> Any:
         config.background_retention = args.background_retention
     if args.background_max_mb is not None:
         config.background_max_bytes = int(args.background_max_mb * 2**20)
+    if args.store is not None:
+        config.store = args.store
     if args.ui:
         config.ui = True
     if args.access_log:
@@ -488,6 +506,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--admin-key-env", default=None, help="an environment variable holding the admin key (cancels any request)"
     )
     p.add_argument("--workers", type=int, default=None, help="processes sharing the port (HTTP lanes only)")
+    p.add_argument(
+        "--store",
+        default=None,
+        metavar="URL",
+        help="redis://HOST:PORT/DB shared by several gateway hosts (background responses, stop records, cancels)",
+    )
     p.add_argument("--ui", action="store_true", help="serve a chat page with a Stop button at /")
     p.add_argument("--max-body-mb", type=float, default=None, help="largest request body in MiB (default 32): 413")
     p.add_argument(

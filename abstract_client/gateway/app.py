@@ -53,10 +53,14 @@ def create_app(config: GatewayConfig, *, peers: Peers | None = None) -> Starlett
         gateway.loop = asyncio.get_running_loop()
         if peers is not None:
             await peers.start(gateway)
+        if gateway.hosts is not None:
+            await gateway.hosts.start()
         yield
         if peers is not None:
             await peers.aclose()
         await gateway.background.aclose()
+        if gateway.hosts is not None:
+            await gateway.hosts.aclose()
         await gateway.aclose()
 
     table = [

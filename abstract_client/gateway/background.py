@@ -13,7 +13,7 @@ import re
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
@@ -27,11 +27,24 @@ if TYPE_CHECKING:
     from .flight import Flight
     from .metrics import Metrics
 
-__all__ = ["OWNER_END", "OWNER_LOST", "Background", "BackgroundStore", "cancelled", "read_query"]
+__all__ = ["OWNER_END", "OWNER_LOST", "Background", "BackgroundStore", "ResponseRecord", "cancelled", "read_query"]
 
 log = logging.getLogger("abstract_client.gateway")
 
 _CANCEL_WAIT_S = 10.0  # how long a cancel waits for the engine's stop before it answers
+
+
+class ResponseRecord(Protocol):
+    """A background response as a reader sees it, in memory (:class:`Background`) or in the
+    store (``shared_background.SharedResponse``)."""
+
+    owner: str | None
+
+    def follow(self, after: int | None) -> AsyncIterator[bytes]: ...
+
+    async def snapshot(self) -> dict[str, Any]: ...
+
+    async def cancel(self) -> None: ...
 
 
 class Background:
@@ -55,17 +68,40 @@ class Background:
         (its last events are kept whatever their size: a reader must see how it ended)."""
         for event in events:
             data = encode_event(event)
-            self.events.append(data)
             self.bytes += len(data)
+            self._keep(data)
         if self.bytes > limit and not self.done and not self.too_large:
             self.too_large = True
             self.flight.stop("background_limit")
+        self._appended()
+
+    def _keep(self, data: bytes) -> None:
+        self.events.append(data)
+
+    def _appended(self) -> None:
+        """Wake the readers."""
         self._changed.set()
         self._changed = asyncio.Event()
 
     def end(self) -> None:
         self.done, self.finished_at = True, time.monotonic()
         self._changed.set()
+
+    async def open(self) -> None:
+        """Before the response is announced (its 200): nothing to do in memory (the store's
+        record is written here: ``shared_background``)."""
+
+    async def close(self) -> None:
+        """After :meth:`end`: nothing to do in memory (the store's last write is made here)."""
+
+    # -- what a reader sees (the same in memory and in the store) ---------------------------------
+
+    async def snapshot(self) -> dict[str, Any]:
+        """The ``response`` object now."""
+        return self.builder.response()
+
+    async def cancel(self) -> None:
+        await cancelled(self)
 
     async def follow(self, after: int | None) -> AsyncIterator[bytes]:
         """The events after sequence number ``after`` (all of them for None), then the live ones
@@ -127,7 +163,7 @@ class BackgroundStore:
         except BadRequest:
             writer.write(b"400 json\n")
             return
-        record = self.get(response_id, None if owner == "-" else owner, admin == "1")
+        record = self.held(response_id, None if owner == "-" else owner, admin == "1")
         if record is None:
             body = openai_error("no such background response", "invalid_request_error", "not_found")
             writer.write(b"404 json\n" + json.dumps(body).encode())
@@ -145,7 +181,16 @@ class BackgroundStore:
         writer.write(b"200 json\n" + json.dumps(record.builder.response()).encode())
         await writer.drain()
 
-    def get(self, response_id: str, owner: str | None, admin: bool) -> Background | None:
+    def new_record(self, builder: ResponseBuilder, flight: Flight, owner: str | None) -> Background:
+        return Background(builder, flight, owner)
+
+    async def get(self, response_id: str, owner: str | None, admin: bool) -> ResponseRecord | None:
+        """A background response as its readers see it (the caller's key must own it, or be the
+        admin's)."""
+        return self.held(response_id, owner, admin)
+
+    def held(self, response_id: str, owner: str | None, admin: bool) -> Background | None:
+        """A background response this worker runs or keeps."""
         self.purge()
         record = self.items.get(response_id)
         if record is None or not (admin or record.owner == owner):
@@ -186,6 +231,8 @@ class BackgroundStore:
             self.flights.pop(flight.call_id, None)
             self.metrics.finished(backend.name, "responses", status)
             record.end()
+            with anyio.CancelScope(shield=True):
+                await record.close()
 
     async def _in_slot(self, record: Background, kwargs: dict[str, Any], limit: int) -> int:
         flight, builder, backend = record.flight, record.builder, record.flight.backend

@@ -85,6 +85,11 @@ class GatewayConfig:
     max_background: int = 64  # held at once (running, or finished and kept): more is a 429
     background_retention: float = 600.0  # seconds a finished one is kept for GET / resume, then 404
     background_max_bytes: int = 16 * 2**20  # events one may hold: past this it is stopped, failed
+    # A Redis (or Valkey) URL shared by several gateway hosts: background responses, stop
+    # records and cancels then reach across hosts (gateway/hosts.py). None: one host, as ever.
+    store: str | None = None
+    store_timeout: float = 2.0  # a store operation a request waits on longer than this is a 503
+    host_lease: float = 5.0  # a host silent this long is dead: its running responses end owner_lost
 
     def __post_init__(self) -> None:
         if not self.backends:
@@ -115,6 +120,16 @@ class GatewayConfig:
         _check(self.background_max_bytes, int, "background_max_bytes")
         if self.background_max_bytes < 4096:
             raise ConfigError("background_max_bytes must be at least 4096")
+        if self.store is not None:
+            _check(self.store, str, "store")
+            if not self.store.startswith(("redis://", "rediss://", "unix://")):
+                raise ConfigError(f"store must be a redis://, rediss:// or unix:// URL, not {self.store!r:.60}")
+        for name in ("store_timeout", "host_lease"):
+            _check(getattr(self, name), (int, float), name)
+        if not (0 < self.store_timeout <= 30):
+            raise ConfigError("store_timeout must be > 0 and <= 30 seconds")
+        if not (1 <= self.host_lease <= 10):
+            raise ConfigError("host_lease must be between 1 and 10 seconds")
         _check(self.ui, bool, "ui")
         _check(self.access_log, bool, "access_log")
         _check(self.workers, int, "workers")
@@ -170,6 +185,9 @@ _SERVER_KEYS = {
     "max_background",
     "background_retention",
     "background_max_bytes",
+    "store",
+    "store_timeout",
+    "host_lease",
 }
 _BACKEND_KEYS = set(BackendConfig.__dataclass_fields__)
 

@@ -14,8 +14,9 @@
   ``failed``, code ``response_too_large``).
 * **Workers**: a background response's id names the worker that runs it (``resp_w2_…``); a
   GET or a cancel that lands on another worker is relayed to it over the workers' Unix
-  sockets (``workers.Peers``). Across hosts, route ``/v1/responses/{id}*`` by that prefix
-  (docs/resumable.md).
+  sockets (``workers.Peers``).
+* **Several hosts** (``serve --store redis://…``): the responses are in the store, and every
+  host (each worker a host of it) reads and cancels every one (``shared_background.py``).
 """
 
 from __future__ import annotations
@@ -35,9 +36,10 @@ from ..types import GenerateResult, StreamChunk, ToolCallDelta
 from ..wires.chat_server import BadRequest, generation_args, openai_error
 from ..wires.responses_server import ResponseBuilder, chat_body_of, encode_event, new_response_id
 from .asgi import GenerationResponse
-from .background import OWNER_END, OWNER_LOST, Background, cancelled, read_query
-from .body import error_response, no_backend, read_json, request_id_of
+from .background import OWNER_END, OWNER_LOST, ResponseRecord, read_query
+from .body import error_response, no_backend, read_json, request_id_of, store_unavailable
 from .generation import stream_answer, whole_answer
+from .hosts import StoreUnavailable
 from .reader_stream import ReaderStream
 from .request_ids import scoped
 from .state import Backend, Flight, Gateway
@@ -64,7 +66,7 @@ def responses_endpoint(gateway: Gateway) -> Callable[[Request], Awaitable[Any]]:
             return no_backend(body.get("model"))
         model = str(body.get("model") or backend.name)
         if background:
-            return _start_background(gateway, request, backend, body, kwargs, model, stream)
+            return await _start_background(gateway, request, backend, body, kwargs, model, stream)
         request_id = request_id_of(request)
         builder = ResponseBuilder(f"resp_{request_id}", model, body, background=False)
 
@@ -78,7 +80,7 @@ def responses_endpoint(gateway: Gateway) -> Callable[[Request], Awaitable[Any]]:
     return handle
 
 
-def _start_background(
+async def _start_background(
     gateway: Gateway,
     request: Request,
     backend: Backend,
@@ -100,14 +102,18 @@ def _start_background(
     owner = request.scope["state"].get("owner")
     flight = Flight(builder.id, backend, write_timeout=gateway.config.write_timeout, loop=asyncio.get_running_loop())
     flight.owner, flight.call_id = owner, scoped(builder.id, owner)
-    record = Background(builder, flight, owner)
+    record = store.new_record(builder, flight, owner)
+    try:
+        await record.open()  # in the store, before its 200: any host can read it from then on
+    except StoreUnavailable as exc:
+        return store_unavailable(exc)
     store.start(record, kwargs)
     if stream:
         return _event_stream(gateway, record, None)
     return JSONResponse(builder.response())
 
 
-def _event_stream(gateway: Gateway, record: Background, after: int | None) -> ReaderStream:
+def _event_stream(gateway: Gateway, record: ResponseRecord, after: int | None) -> ReaderStream:
     """A reader of a background response: its disconnect ends the reading, never the response;
     a reader that stops reading is cut after the write timeout (``reader_stream``)."""
     return ReaderStream(record.follow(after), write_timeout=gateway.config.write_timeout, headers=SSE_HEADERS)
@@ -160,11 +166,12 @@ def _not_found() -> JSONResponse:
     return JSONResponse(openai_error("no such background response", "invalid_request_error", "not_found"), 404)
 
 
-def _lookup(request: Request) -> tuple[Gateway, Background | None, str]:
+async def _lookup(request: Request) -> tuple[Gateway, ResponseRecord | None, str]:
     gateway: Gateway = request.app.state.gateway
     state = request.scope["state"]
     response_id = request.path_params["response_id"]
-    return gateway, gateway.background.get(response_id, state.get("owner"), bool(state.get("admin"))), response_id
+    record = await gateway.background.get(response_id, state.get("owner"), bool(state.get("admin")))
+    return gateway, record, response_id
 
 
 async def _until_owner_ends(body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
@@ -182,26 +189,32 @@ async def _until_owner_ends(body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
 
 
 async def get_response(request: Request) -> Response | ReaderStream:
-    gateway, record, response_id = _lookup(request)
-    if record is None:
-        relayed = await _relay_to_owner(gateway, request, response_id)
-        return relayed if relayed is not None else _not_found()
     try:
-        stream, after = read_query(request.query_params.get("stream"), request.query_params.get("starting_after"))
-    except BadRequest as exc:
-        return error_response(exc)
-    if not stream:
-        return JSONResponse(record.builder.response())
-    return _event_stream(gateway, record, after)
+        gateway, record, response_id = await _lookup(request)
+        if record is None:
+            relayed = await _relay_to_owner(gateway, request, response_id)
+            return relayed if relayed is not None else _not_found()
+        try:
+            stream, after = read_query(request.query_params.get("stream"), request.query_params.get("starting_after"))
+        except BadRequest as exc:
+            return error_response(exc)
+        if not stream:
+            return JSONResponse(await record.snapshot())
+        return _event_stream(gateway, record, after)
+    except StoreUnavailable as exc:
+        return store_unavailable(exc)
 
 
 async def cancel_response(request: Request) -> Response | ReaderStream:
-    gateway, record, response_id = _lookup(request)
-    if record is None:
-        relayed = await _relay_to_owner(gateway, request, response_id)
-        return relayed if relayed is not None else _not_found()
-    await cancelled(record)
-    return JSONResponse(record.builder.response())
+    try:
+        gateway, record, response_id = await _lookup(request)
+        if record is None:
+            relayed = await _relay_to_owner(gateway, request, response_id)
+            return relayed if relayed is not None else _not_found()
+        await record.cancel()
+        return JSONResponse(await record.snapshot())
+    except StoreUnavailable as exc:
+        return store_unavailable(exc)
 
 
 async def _relay_to_owner(gateway: Gateway, request: Request, response_id: str) -> Response | ReaderStream | None:

@@ -5,6 +5,7 @@ app's state; who may do what comes from the key the request carried (``auth.py``
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import re
 from importlib.resources import files
@@ -15,7 +16,8 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 
 from ..fleet import Fleet
 from ..wires.chat_server import BadRequest, openai_error
-from .body import REQUEST_ID, error_response, no_backend, read_json
+from .body import REQUEST_ID, error_response, no_backend, read_json, store_unavailable
+from .hosts import StoreUnavailable
 from .openapi import openapi_document
 from .request_ids import flights_named, scoped
 from .state import Gateway
@@ -97,11 +99,15 @@ async def cancel(request: Request) -> Response:
     request_id = request.path_params["request_id"]
     # another key's request is "not found": its id is not even confirmed to exist
     found = flights_named(gateway.flights, request_id, state.get("owner"), bool(state.get("admin")))
-    if not found and gateway.peers is not None and REQUEST_ID.match(request_id):
-        # another worker may hold it: it checks the key the same way
+    siblings = gateway.siblings
+    if not found and siblings is not None and REQUEST_ID.match(request_id):
+        # another worker or host may hold it: it checks the key the same way
         owner, admin = state.get("owner") or "-", "1" if state.get("admin") else "0"
-        if await gateway.peers.ask("cancel", request_id, owner, admin):
-            return JSONResponse({"id": request_id, "cancelled": True})
+        try:
+            if await siblings.ask("cancel", request_id, owner, admin):
+                return JSONResponse({"id": request_id, "cancelled": True})
+        except StoreUnavailable as exc:
+            return store_unavailable(exc)
     if not found:
         return _not_found("no such request in flight")
     for flight in found:
@@ -111,11 +117,18 @@ async def cancel(request: Request) -> Response:
 
 async def stop_record(request: Request) -> Response:
     """What the gateway measured for a stopped request (its owner's key, or the admin's)."""
-    records, state = _gateway(request).stop_records, request.scope["state"]
+    gateway, state = _gateway(request), request.scope["state"]
+    records = gateway.stop_records
     request_id = request.path_params["request_id"]
     record = records.get(scoped(request_id, state.get("owner")))
     if record is None and state.get("admin"):
         record = next((r for r in reversed(records.values()) if r["request_id"] == request_id), None)
+    if record is None and gateway.hosts is not None and REQUEST_ID.match(request_id):  # another host's
+        try:
+            call_id = None if state.get("admin") else scoped(request_id, state.get("owner"))
+            record = await gateway.hosts.stop_record(call_id, request_id)
+        except StoreUnavailable as exc:
+            return store_unavailable(exc)
     if record is None or not (state.get("admin") or record["owner"] == state.get("owner")):
         return _not_found("no stop recorded for this request")
     return JSONResponse({k: v for k, v in record.items() if k != "owner"})
@@ -143,8 +156,9 @@ async def load_or_unload(request: Request) -> Response:
             await backend.llm.aload_model()
             return JSONResponse({"model": backend.name, "loaded": True})
         report = await backend.llm.aunload_model()
-        if gateway.peers is not None:  # the other workers' calls on this model stop too
-            await gateway.peers.ask("stop-backend", backend.name)
+        if gateway.siblings is not None:  # the other workers' (or hosts') calls on this model stop too
+            with contextlib.suppress(StoreUnavailable):
+                await gateway.siblings.ask("stop-backend", backend.name)
     except Exception as err:
         return error_response(err)
     answer: dict[str, Any] = {

@@ -41,7 +41,8 @@ def serve(config: GatewayConfig) -> None:
     bound.bind((config.host, config.port))
     bound.listen(2048)
     log.info("serving on %s:%d with %d workers", config.host, bound.getsockname()[1], config.workers)
-    run_workers(config.workers, bound, lambda peers: _serve_one(config, peers, bound))
+    # with a store, every worker is a host of it: one mechanism between workers and hosts
+    run_workers(config.workers, bound, lambda peers: _serve_one(config, None if config.store else peers, bound))
 
 
 def _family(host: str) -> socket.AddressFamily:

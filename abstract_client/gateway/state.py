@@ -5,9 +5,11 @@ page show) and the background responses it runs (``background.py``)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Coroutine
 from typing import Any
 
 from ..errors import GenerationCancelledError
@@ -15,8 +17,9 @@ from ..provider import engine_record
 from .background import BackgroundStore
 from .config import GatewayConfig
 from .flight import Backend, Flight
+from .hosts import Hosts, StoreUnavailable
 from .metrics import Metrics
-from .workers import Peers
+from .workers import Peers, answer_op
 
 __all__ = ["Backend", "Flight", "Gateway"]
 
@@ -33,8 +36,19 @@ class Gateway:
         self.stop_records: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.loop: asyncio.AbstractEventLoop | None = None  # set at start-up (uvicorn's loop)
         self.peers: Peers | None = None  # the sibling workers, when there are several
+        # the other hosts, through the store (None: this host alone, or its workers' sockets)
+        self.hosts: Hosts | None = None
+        self._spawned: set[asyncio.Task[None]] = set()
         # the background responses this worker runs
-        self.background = BackgroundStore(config, self.flights, self.metrics, self.stop_recorded)
+        self.background: BackgroundStore
+        if config.store is None:
+            self.background = BackgroundStore(config, self.flights, self.metrics, self.stop_recorded)
+        else:
+            from .shared_background import SharedBackgroundStore  # the `redis` extra
+
+            self.hosts = Hosts(config)
+            self.hosts.on_op = lambda words: answer_op(self, words)
+            self.background = SharedBackgroundStore(config, self.flights, self.metrics, self.stop_recorded, self.hosts)
 
     def backend_for(self, model: Any, *, exact: bool = False) -> Backend | None:
         """The backend serving ``model``. A generation on a one-backend gateway reaches it by
@@ -51,6 +65,41 @@ class Gateway:
         frame, each upstream is severed, each queued request leaves its queue."""
         for flight in list(self.flights.values()):
             flight.stop(reason)
+
+    @property
+    def siblings(self) -> Hosts | Peers | None:
+        """Whom to ask about a request or a model this worker does not hold: the other hosts
+        through the store (its workers are hosts too), else this host's other workers."""
+        return self.hosts if self.hosts is not None else self.peers
+
+    def _spawn(self, op: Coroutine[Any, Any, Any]) -> None:
+        """Run ``op`` on the gateway's loop, from any thread, never waited on: a store that is
+        down or slow costs a warning, never a request its time."""
+        loop = self.loop
+        if loop is None or loop.is_closed():
+            op.close()
+            return
+
+        async def quietly() -> None:
+            try:
+                await op
+            except StoreUnavailable as exc:
+                log.warning("store: %s", exc)
+
+        def start() -> None:
+            task = loop.create_task(quietly())
+            self._spawned.add(task)
+            task.add_done_callback(self._spawned.discard)
+
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            start()
+        else:
+            with contextlib.suppress(RuntimeError):  # the loop is gone (shutdown)
+                loop.call_soon_threadsafe(start)
 
     def stop_all_soon(self) -> None:
         """:meth:`stop_all` from a signal handler (it only schedules the work on the loop)."""
@@ -105,6 +154,8 @@ class Gateway:
         if engine is not None and engine.tokens_at_stop is not None:
             record["tokens_after_stop"] = engine.tokens - engine.tokens_at_stop
         self.stop_records[flight.call_id] = record  # published complete (GET /v1/requests/{id})
+        if self.hosts is not None:  # ... and to every host (best effort: a foreground call never waits on it)
+            self._spawn(self.hosts.put_stop_record(flight.call_id, record))
         while len(self.stop_records) > 1000:
             self.stop_records.popitem(last=False)
         reason = record["reason"]

@@ -35,7 +35,7 @@ from typing import Any
 
 from .request_ids import flights_named
 
-__all__ = ["Peers", "relay", "run_workers"]
+__all__ = ["Peers", "answer_op", "relay", "run_workers"]
 
 log = logging.getLogger("abstract_client.gateway")
 _ASK_TIMEOUT = 2.0  # a peer that does not answer within this is treated as not holding it
@@ -61,7 +61,7 @@ class Peers:
                 if line[:1] == ["response"]:  # a background response's GET or cancel, relayed
                     await gateway.background.answer_peer(line[1:], writer)
                     return
-                writer.write(b"1\n" if _handle(gateway, line) else b"0\n")
+                writer.write(b"1\n" if answer_op(gateway, line) else b"0\n")
                 await writer.drain()
             except (OSError, UnicodeDecodeError):
                 pass
@@ -129,7 +129,9 @@ _RELAY_TIMEOUT = 15.0
 _RELAY_BACKLOG = 4096
 
 
-def _handle(gateway: Any, words: list[str]) -> bool:
+def answer_op(gateway: Any, words: list[str]) -> bool:
+    """Act on a sibling's request: ``cancel <id> <owner|-> <admin 0|1>`` or ``stop-backend
+    <name>`` (from another worker's socket, or another host through the store). True: done."""
     if len(words) == 4 and words[0] == "cancel":
         _, request_id, owner, admin = words
         found = flights_named(gateway.flights, request_id, None if owner == "-" else owner, admin == "1")
