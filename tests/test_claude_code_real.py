@@ -78,6 +78,10 @@ def mlx_gateway() -> Iterator[InProcessGateway]:
 
 
 MLX_ARGS = ("--system-prompt", "Reply in one short sentence.")
+# In front of llama-server its own system prompt stays (the cache test needs its 1.5k tokens),
+# and a line asks for brevity: a greedy 135M model's answer to a prompt that differs run to run
+# (paths, dates, ids) once ran past the output cap, which Claude Code takes for an API error.
+BRIEF = ("--append-system-prompt", "Reply in one short sentence.")
 
 
 def claude(
@@ -125,12 +129,14 @@ def test_claude_code_answers_and_its_next_turn_is_served_from_the_cache(
     gateway: InProcessGateway, llama: LlamaServer, home: Path
 ) -> None:
     session = str(uuid.uuid4())
-    first = finish(claude(gateway, home, "Say hello in three words.", "--session-id", session, output_tokens=256))
+    first = finish(
+        claude(gateway, home, "Say hello in three words.", "--session-id", session, *BRIEF, output_tokens=1024)
+    )
     assert not first.get("is_error") and isinstance(first.get("result"), str) and first["result"].strip(), first
     prompt_before, cached_before = prompt_counts(gateway)
     evals_before = len(PROMPT_EVAL.findall(llama.log_text()))
 
-    second = finish(claude(gateway, home, "Now say goodbye.", "--resume", session, output_tokens=256))
+    second = finish(claude(gateway, home, "Now say goodbye.", "--resume", session, *BRIEF, output_tokens=1024))
     assert not second.get("is_error") and second["result"].strip(), second
     prompt, cached = (a - b for a, b in zip(prompt_counts(gateway), (prompt_before, cached_before), strict=True))
     # the second turn's whole prompt (system prompt, turn one, its answer, the new question) was
