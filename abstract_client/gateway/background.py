@@ -137,17 +137,19 @@ class BackgroundStore:
         """Forget the finished ones kept past their retention."""
         horizon = time.monotonic() - self.config.background_retention
         stale = [k for k, b in self.items.items() if b.finished_at is not None and b.finished_at < horizon]
-        for key in stale:
+        self._drop(stale)
+
+    def _drop(self, response_ids: list[str]) -> None:
+        """Forget these finished ones (past their retention, or the oldest, to make room)."""
+        for key in response_ids:
             del self.items[key]
 
     def room(self) -> bool:
         """Room for one more: the oldest finished ones are dropped to make it."""
         self.purge()
         limit = self.config.max_background
-        for key in [k for k, b in self.items.items() if b.done]:
-            if len(self.items) < limit:
-                break
-            del self.items[key]
+        finished = [k for k, b in self.items.items() if b.done]
+        self._drop(finished[: max(0, len(self.items) - limit + 1)])  # as many as leave room for one
         return len(self.items) < limit
 
     async def answer_peer(self, words: list[str], writer: asyncio.StreamWriter) -> None:

@@ -33,6 +33,7 @@ import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from ..wires.responses_server import encode_event
 from .config import ConfigError, GatewayConfig
 
 __all__ = ["TERMINAL", "Hosts", "StoreUnavailable", "error_event"]
@@ -272,8 +273,10 @@ class Hosts:
         restart without persistence) ends with an ``error`` event, never an open stream."""
         last = b"0-0" if after is None else b"0-%d" % (after + 1)
         key = _key("events", response_id)
+        ended = False  # its status says it ended: what is left to read is read without waiting
         while True:
-            got = await self._bounded(self.redis.xread({key: last}, count=512, block=1000), self.timeout + 1)
+            block = None if ended else 1000
+            got = await self._bounded(self.redis.xread({key: last}, count=512, block=block), self.timeout + 1)
             for _, entries in got or []:
                 for entry_id, fields in entries:
                     last = entry_id
@@ -282,17 +285,14 @@ class Hosts:
                         return
             if got:
                 continue
+            if ended:
+                return
             meta = await self.meta(response_id)
             if meta is None:
                 yield error_event("store_lost", "the store no longer holds this response (it restarted?)")
                 return
-            if meta.get("status") in TERMINAL:
-                while got := await self._bounded(self.redis.xread({key: last}, count=512)):
-                    for _, entries in got:
-                        for entry_id, fields in entries:
-                            last = entry_id
-                            yield fields[b"d"]
-                return
+            # the final status is written with the last events: once it is there, they all are
+            ended = meta["status"] in TERMINAL
 
     # -- requests of other hosts: cancels by id, model unloads, stop records ----------------------
 
@@ -380,5 +380,4 @@ class Hosts:
 
 
 def error_event(code: str, message: str) -> bytes:
-    event = {"type": "error", "code": code, "message": message, "param": None}
-    return b"event: error\ndata: " + json.dumps(event).encode() + b"\n\n"
+    return encode_event({"type": "error", "code": code, "message": message, "param": None})

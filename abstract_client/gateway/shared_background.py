@@ -184,13 +184,12 @@ class SharedBackgroundStore(BackgroundStore):
             return None  # another key's response is not even confirmed to exist
         return SharedResponse(self.hosts, response_id, meta["owner"] or None)
 
-    def room(self) -> bool:
-        dropped = [k for k, b in self.items.items() if b.done]
-        fits = super().room()
-        gone = [k for k in dropped if k not in self.items]
-        if gone:  # the store forgets them too (they would expire after background_retention)
-            asyncio.get_running_loop().create_task(self._forget(gone))
-        return fits
+    def _drop(self, response_ids: list[str]) -> None:
+        super()._drop(response_ids)
+        if response_ids:  # the store forgets them too (they would expire after background_retention)
+            task = asyncio.get_running_loop().create_task(self._forget(response_ids))
+            self._tasks.add(task)  # held until done (a task nobody holds may be collected mid-way)
+            task.add_done_callback(self._tasks.discard)
 
     async def _forget(self, response_ids: list[str]) -> None:
         with contextlib.suppress(StoreUnavailable):
