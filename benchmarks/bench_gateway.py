@@ -92,7 +92,10 @@ def disconnect_to_sever(upstream: FakeOpenAIServer, gateway_url: str, n: int, ro
         sock.sendall(head + body)
         got = b""
         while got.count(marker.encode()) < 3:
-            got += sock.recv(65536)
+            part = sock.recv(65536)
+            if not part:  # (an unchecked recv spun here on a closed connection)
+                raise RuntimeError(f"the gateway closed the connection after {len(got)} bytes: {got[-3000:]!r}")
+            got += part
         record = upstream.wait_for_request(before + 1, path=CHAT)
         record = upstream.requests(CHAT)[before]
         t_close = time.perf_counter()

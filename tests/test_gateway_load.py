@@ -195,6 +195,116 @@ def test_a_finished_request_is_no_longer_watched_and_a_late_close_stops_nothing(
             assert gw.gateway.metrics.stops.get(("m", "client_disconnect"), 0) == 0
 
 
+class _Stops:
+    """A flight that only records its stops."""
+
+    def __init__(self) -> None:
+        self.reasons: list[str] = []
+
+    def stop(self, reason: str) -> None:
+        self.reasons.append(reason)
+
+    def stop_from_thread(self, reason: str) -> None:
+        self.reasons.append(reason)
+
+
+class _HeldEpoll:
+    """A real epoll whose first batch of events, once ``hold`` is set, waits in the thread until
+    ``release``: the moment between ``epoll`` handing the thread an event and the thread looking
+    its fd up, made as long as a test needs."""
+
+    def __init__(self) -> None:
+        import select
+
+        self._real = select.epoll()
+        self.hold, self.held, self.release, self.polled_after = (threading.Event() for _ in range(4))
+
+    def poll(self, *args: Any) -> list[tuple[int, int]]:
+        if self.release.is_set():
+            self.polled_after.set()  # the held batch was handled
+        events: list[tuple[int, int]] = self._real.poll(*args)
+        if events and self.hold.is_set():
+            self.hold.clear()
+            self.held.set()
+            self.release.wait(30)
+        return events
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+def _same_number(target: int) -> Any:
+    """``os.dup`` as the kernel answers it when ``target`` is the lowest free number."""
+    import os
+
+    return lambda fd: os.dup2(fd, target, inheritable=False)
+
+
+@pytest.mark.parametrize("when", ["before the lookup", "during the stop"], ids=["before-lookup", "during-stop"])
+def test_a_departure_never_stops_the_request_that_took_its_fd_number(
+    monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    """A client leaves; before the departure thread has acted on it, the loop ends that request
+    (its dup'd fd is closed) and the next request's dup gets the same number — the kernel hands
+    out the lowest free one. The late event must not stop the next request (it did: a 499 to a
+    client that was there), nor may the first request's cleanup unregister the next one's watch;
+    the next client's own departure still stops its request."""
+    import os
+    import select
+
+    from abstract_client.gateway.departures import ClientWatch, DepartureThread, Registration
+
+    epoll = _HeldEpoll()
+    with monkeypatch.context() as patch:
+        patch.setattr(select, "epoll", lambda: epoll)
+        thread = DepartureThread()
+    first_sock, first_client = socket.socketpair()
+    second_sock, second_client = socket.socketpair()
+    first, second = _Stops(), _Stops()
+    registrations: list[Registration | None] = []
+
+    def next_request_takes_the_number() -> None:
+        first_registration = registrations[0]
+        assert first_registration is not None
+        thread.unwatch(first_registration)  # the loop ends the first request
+        with monkeypatch.context() as patch:
+            patch.setattr(os, "dup", _same_number(first_registration.fd))
+            registrations.append(thread.watch(second_sock, ClientWatch(second)))
+
+    if when == "during the stop":
+
+        class _StopsThenReuses(_Stops):
+            def stop_from_thread(self, reason: str) -> None:
+                super().stop_from_thread(reason)
+                next_request_takes_the_number()  # the loop is quick: it happens before the thread's cleanup
+
+        first = _StopsThenReuses()
+    try:
+        registrations.append(thread.watch(first_sock, ClientWatch(first)))
+        epoll.hold.set()
+        first_client.close()  # the first client leaves
+        assert epoll.held.wait(30), "the thread was never told of the departure"
+        if when == "before the lookup":
+            next_request_takes_the_number()
+        epoll.release.set()
+        assert epoll.polled_after.wait(30), "the thread never came back to epoll"
+        if when == "before the lookup":
+            assert first.reasons == []  # its request had ended: nothing left to stop
+        else:
+            assert first.reasons == ["client_disconnect"]
+        second_registration = registrations[1]
+        assert second_registration is not None and second_registration.fd == registrations[0].fd  # type: ignore[union-attr]
+        assert second.reasons == [], "the first client's departure stopped the second client's request"
+        assert thread.watching == 1, "the second request's watch was dropped"
+        second_client.close()  # and its own departure still stops it
+        assert wait_until(lambda: second.reasons == ["client_disconnect"], 30, 0.01), second.reasons
+    finally:
+        epoll.release.set()
+        thread.close()
+        for sock in (first_sock, first_client, second_sock, second_client):
+            sock.close()
+
+
 def _read_until_closed(sock: socket.socket, limit: float) -> tuple[bytes, float]:
     sock.settimeout(limit)
     t0, got = time.monotonic(), b""

@@ -13,7 +13,13 @@ arrive stops the request's flight (the others find it stopped):
    connection (``shutdown(SHUT_RDWR)``, safe from any thread), and the flight's loop-side
    bookkeeping follows on the loop. Its latency is a thread wake-up plus at most one GIL switch
    interval, whatever the loop is doing. Each watched socket is a ``dup`` of the client's, so a
-   registration can never outlive the request or land on a reused fd number.
+   registration never outlives its request. The dup's own number is reused, though, once a
+   finished request closes it: an event ``epoll`` handed the thread for a client that left can
+   be looked up after the loop unwatched that request and the next request's dup took the same
+   number. So the thread stops a request only if *its* socket shows the peer gone (a zero-time
+   ``poll``, under the lock that keeps the number from changing hands), and a registration is
+   forgotten only by its own owner (a stale event once stopped another client's request: 499,
+   ``client_disconnect``; seen by ``bench_gateway``'s disconnect loop, 3 runs in 7).
 2. **The loop** (the gateway's own server, ``protocol.py``): ``connection_lost`` for a close and
    ``eof_received`` for a half-close call :meth:`ClientWatch.left`. They are the only signs where
    ``epoll`` is missing, and a second one where it is (once, under a loaded suite, a half-close
@@ -30,12 +36,12 @@ import select
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import anyio
 from starlette.types import Receive
 
-__all__ = ["ClientWatch", "DepartureThread", "departure_thread", "watch_client"]
+__all__ = ["ClientWatch", "DepartureThread", "Registration", "departure_thread", "watch_client"]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +50,8 @@ _EVENTS = (
     if hasattr(select, "epoll")
     else 0
 )
+# the same, asked of one socket now (a peer's close or reset stays readable in its state)
+_GONE = getattr(select, "POLLRDHUP", 0x2000) | select.POLLHUP | select.POLLERR
 
 
 class Stoppable(Protocol):
@@ -69,6 +77,19 @@ class ClientWatch:
         self.flight.stop_from_thread("client_disconnect")
 
 
+class Registration(NamedTuple):
+    """A watched socket: the dup'd fd, and the watch it tells (a number alone can change hands)."""
+
+    fd: int
+    watch: ClientWatch
+
+
+def _peer_gone(fd: int) -> bool:
+    probe = select.poll()
+    probe.register(fd, _GONE)
+    return bool(probe.poll(0))
+
+
 class DepartureThread:
     def __init__(self) -> None:
         self._epoll = select.epoll()
@@ -80,7 +101,7 @@ class DepartureThread:
         self._thread = threading.Thread(target=self._run, name="abstract-client-gateway-departures", daemon=True)
         self._thread.start()
 
-    def watch(self, sock: Any, watch: ClientWatch) -> int | None:
+    def watch(self, sock: Any, watch: ClientWatch) -> Registration | None:
         """Watch ``sock``'s peer for ``watch``; returns the handle for :meth:`unwatch` (None
         when the socket is already gone)."""
         try:
@@ -92,23 +113,26 @@ class DepartureThread:
         try:
             self._epoll.register(fd, _EVENTS)
         except OSError:
-            self._forget(fd)
+            self._forget(fd, watch)
             return None
-        return fd
+        return Registration(fd, watch)
 
-    def unwatch(self, fd: int | None) -> None:
-        if fd is not None:
-            self._forget(fd)
+    def unwatch(self, registration: Registration | None) -> None:
+        if registration is not None:
+            self._forget(*registration)
 
     @property
     def watching(self) -> int:
         with self._lock:
             return len(self._watched)
 
-    def _forget(self, fd: int) -> None:
+    def _forget(self, fd: int, watch: ClientWatch) -> None:
+        """Unregister and close ``fd`` if it is still ``watch``'s (once closed, its number may be
+        another request's)."""
         with self._lock:
-            if self._watched.pop(fd, None) is None:
+            if self._watched.get(fd) is not watch:
                 return
+            del self._watched[fd]
         try:
             self._epoll.unregister(fd)
         except OSError:
@@ -119,8 +143,8 @@ class DepartureThread:
         self._closed = True
         os.write(self._wake_w, b"x")
         self._thread.join(5)
-        for fd in list(self._watched):
-            self._forget(fd)
+        for fd, watch in list(self._watched.items()):
+            self._forget(fd, watch)
         self._epoll.close()
         os.close(self._wake_r)
         os.close(self._wake_w)
@@ -136,13 +160,15 @@ class DepartureThread:
                     continue
                 with self._lock:
                     watch = self._watched.get(fd)
+                    if watch is not None and not _peer_gone(fd):
+                        continue  # a stale event: the number is another request's now, its client is there
                 if watch is None:
                     continue
                 try:
                     watch.left_from_thread()
                 except Exception:  # never let one request's stop end the thread
                     log.exception("gateway: stopping a disconnected request failed")
-                self._forget(fd)
+                self._forget(fd, watch)
 
 
 _thread: DepartureThread | None = None
