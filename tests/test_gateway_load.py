@@ -5,6 +5,8 @@ The figures themselves are ``benchmarks/bench_gateway_load.py``'s; these pin the
 from __future__ import annotations
 
 import json
+import os
+import select
 import socket
 import subprocess
 import sys
@@ -214,8 +216,6 @@ class _HeldEpoll:
     its fd up, made as long as a test needs."""
 
     def __init__(self) -> None:
-        import select
-
         self._real = select.epoll()
         self.hold, self.held, self.release, self.polled_after = (threading.Event() for _ in range(4))
 
@@ -235,8 +235,6 @@ class _HeldEpoll:
 
 def _same_number(target: int) -> Any:
     """``os.dup`` as the kernel answers it when ``target`` is the lowest free number."""
-    import os
-
     return lambda fd: os.dup2(fd, target, inheritable=False)
 
 
@@ -249,9 +247,6 @@ def test_a_departure_never_stops_the_request_that_took_its_fd_number(
     out the lowest free one. The late event must not stop the next request (it did: a 499 to a
     client that was there), nor may the first request's cleanup unregister the next one's watch;
     the next client's own departure still stops its request."""
-    import os
-    import select
-
     from abstract_client.gateway.departures import ClientWatch, DepartureThread, Registration
 
     epoll = _HeldEpoll()

@@ -160,10 +160,9 @@ class DepartureThread:
                     continue
                 with self._lock:
                     watch = self._watched.get(fd)
-                    if watch is not None and not _peer_gone(fd):
-                        continue  # a stale event: the number is another request's now, its client is there
-                if watch is None:
-                    continue
+                    # unwatched, or a stale event: the number is another request's now, its client is there
+                    if watch is None or not _peer_gone(fd):
+                        continue
                 try:
                     watch.left_from_thread()
                 except Exception:  # never let one request's stop end the thread
