@@ -1,5 +1,6 @@
 """Real network components the network tests start: tinyproxy (a forward proxy, Debian's
-package), nginx (TLS termination and client certificates) and certificates made by trustme.
+package), nginx (TLS termination and client certificates) and certificates made by trustme;
+and a relay that can go silent (:class:`BlackholingProxy`), the network's silent drop.
 
 Each is a real process on a loopback port, started by the test and stopped after it; none is
 faked. When the binary is missing the test fails with the reason (``scripts/test.sh`` installs
@@ -14,6 +15,7 @@ import re
 import shutil
 import socket
 import subprocess
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -214,3 +216,60 @@ http {{
 
     def stop(self) -> None:
         _end(self.proc)
+
+
+class BlackholingProxy:
+    """A TCP relay to ``upstream_port`` on loopback whose ``blackhole()`` makes every connection
+    open at that moment go silent both ways (its bytes read and dropped, the sockets left open):
+    a NAT or load balancer that forgot a connection. New connections relay as before."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._generation = 0  # a connection relays while its generation is the current one
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, name="blackholing-proxy", daemon=True).start()
+
+    def url(self, db: int = 0) -> str:
+        return f"redis://127.0.0.1:{self.port}/{db}"
+
+    def blackhole(self) -> None:
+        with self._lock:
+            self._generation += 1
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+            with self._lock:
+                self._sockets += [client, upstream]
+                generation = self._generation
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b, generation), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket, generation: int) -> None:
+        while True:
+            try:
+                data = source.recv(65536)
+            except OSError:
+                return
+            if not data:
+                with contextlib.suppress(OSError):
+                    sink.shutdown(socket.SHUT_WR)
+                return
+            if generation == self._generation:
+                with contextlib.suppress(OSError):
+                    sink.sendall(data)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        with self._lock:
+            for sock in self._sockets:
+                with contextlib.suppress(OSError):
+                    sock.close()

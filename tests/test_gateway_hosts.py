@@ -32,7 +32,7 @@ from abstract_client.testing.gateway import GatewayProcess
 from abstract_client.testing.processes import free_port
 
 from .helpers import wait_until
-from .network_servers import Nginx, _binary, _end, _wait_listening
+from .network_servers import BlackholingProxy, Nginx, _binary, _end, _wait_listening
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "resumable.md"
 LEASE = 3.0  # the hosts' lease here (the default is 5 s): a dead host is seen within it and a sweep
@@ -501,3 +501,183 @@ async def test_a_host_that_creates_a_response_holds_a_lease_even_after_a_store_r
     finally:
         await owner.aclose()
         await other.aclose()
+
+
+# -- faults an operator meets (docs/resumable.md "Faults") ------------------------------------------
+
+
+def test_a_store_outage_longer_than_the_lease_ends_the_response_failed_on_every_host(
+    cluster: Cluster, upstream: FakeOpenAIServer
+) -> None:
+    """Redis hangs for longer than a lease: the owner stops the generation (nobody can read it)
+    and, once the store answers again, writes its end (``failed``, ``store_lost``) for every
+    reader on every host. Host B is frozen meanwhile, so that no other host's sweep can end the
+    response for the owner: only the owner's own write can."""
+    import redis as redis_py
+
+    response_id = start_background(cluster.a.url, 100_000)
+    record = upstream.wait_for_request(1, timeout=15, path="/v1/chat/completions")
+    read_events(cluster.b.url, response_id, stop_after=5)
+    store = redis_py.Redis.from_url(cluster.redis.url)
+    cluster.b.pause()
+    try:
+        cluster.redis.pause()
+        try:
+            upstream.wait_for_disconnect(record, timeout=LEASE + 15)  # the owner stopped it
+        finally:
+            cluster.redis.resume()
+        status = lambda: store.hget(f"ac:resp:{response_id}", "status")  # noqa: E731
+        assert wait_until(lambda: status() == b"failed", 20), f"still {status()!r} after the store came back"
+    finally:
+        cluster.b.resume()
+    for url in (cluster.b.url, cluster.a.url):
+        last = read_events(url, response_id)[-1]
+        assert last["type"] == "response.failed" and last["response"]["error"]["code"] == "store_lost", last
+        assert response(url, response_id).json()["status"] == "failed"
+    assert not store.sismember("ac:running", response_id)
+    began = time.monotonic()
+    cancelled = httpx.post(f"{cluster.b.url}/v1/responses/{response_id}/cancel", headers=auth(), timeout=30)
+    assert cancelled.json()["status"] == "failed" and time.monotonic() - began < 5
+    assert "the store is gone" in cluster.a.log_text()
+
+
+def _lapses(hosts: list[Any], seconds: float) -> Any:
+    """Watch the hosts' leases for ``seconds``: how many looks found one gone."""
+    import asyncio
+
+    async def watch() -> int:
+        gone = 0
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            for host in hosts:
+                gone += not await host.redis.exists(f"ac:host:{host.id}")
+            await asyncio.sleep(0.2)
+        return gone
+
+    return watch()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_malformed_record_is_skipped_and_logged_and_every_lease_is_renewed(
+    store: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A hash without its ``host`` field in the running set ended the loop that renews the lease,
+    on every host at once, for good. Now it is said once and skipped; the lease is renewed, and
+    a dead host's response beside it is still swept."""
+    caplog.set_level("WARNING", "abstract_client.gateway")
+    owner, dead = _hosts(store.url), _hosts(store.url)
+    await owner.start()
+    try:
+        await owner.redis.hset("ac:resp:bad", mapping={"status": "in_progress", "token": "1"})
+        fields = {"host": owner.id, "token": "1", "status": "in_progress", "next": "0", "snapshot": "{}"}
+        await owner.redis.hset("ac:resp:noowner", mapping=fields)  # no owner: a 500 once
+        await owner.redis.sadd("ac:running", "bad", "noowner")
+        await dead.create("resp_dead", None, {"status": "in_progress", "id": "resp_dead"})
+        await dead.redis.delete(f"ac:host:{dead.id}")  # its host died (its loops never ran)
+        assert await _lapses([owner], 2 * LEASE) == 0
+        meta = await owner.meta("resp_dead")
+        assert meta is not None and meta["status"] == "failed"  # swept: owner_lost
+        assert await owner.meta("noowner") is None and await owner.meta("bad") is None
+        said = [r.getMessage() for r in caplog.records if "lacks" in r.getMessage()]
+        assert sorted(m.split()[4] for m in said) == ["bad", "noowner"], said  # once each
+        assert await owner.redis.sismember("ac:running", "bad")  # skipped, not dropped: another version's
+    finally:
+        await owner.aclose()
+        await dead.aclose()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_loop_that_fails_is_started_again(store: RedisServer, caplog: pytest.LogCaptureFixture) -> None:
+    import asyncio
+
+    hosts = _hosts(store.url)
+    calls: list[float] = []
+    sweep = hosts.sweep
+
+    async def fails_once() -> None:
+        calls.append(time.monotonic())
+        if len(calls) == 1:
+            raise RuntimeError("a bug the sweep met")
+        await sweep()
+
+    hosts.sweep = fails_once
+    await hosts.start()
+    try:
+        for _ in range(100):
+            if len(calls) >= 2:
+                break
+            await asyncio.sleep(0.1)
+        assert len(calls) >= 2, "the sweep's loop was not started again"
+        assert any("the sweep loop failed; starting it again" in r.getMessage() for r in caplog.records)
+    finally:
+        await hosts.aclose()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_large_running_set_never_delays_a_lease_nor_ends_a_live_response(store: RedisServer) -> None:
+    """20,000 running entries of a live host: the sweep reads them in batches, off the lease's
+    loop; no lease lapses, no live response is ended ``owner_lost``."""
+    owner, live = _hosts(store.url), _hosts(store.url)
+    await owner.start()
+    await live.start()
+    try:
+        await live.create("resp_live", None, {"status": "in_progress", "id": "resp_live"})
+        fields = {"owner": "", "host": live.id, "token": "1", "status": "in_progress", "next": "0", "snapshot": "{}"}
+        pipe = owner.redis.pipeline(transaction=False)
+        for n in range(20_000):
+            pipe.hset(f"ac:resp:many_{n}", mapping=fields)
+            pipe.sadd("ac:running", f"many_{n}")
+        await pipe.execute()
+        began = time.monotonic()
+        await owner.sweep()
+        took = time.monotonic() - began
+        assert took < 10 * LEASE, f"a sweep of 20,000 entries took {took:.1f}s"  # once: 4.4 s beside a build
+        assert await _lapses([owner, live], 2 * LEASE) == 0
+        meta = await owner.meta("resp_live")
+        assert meta is not None and meta["status"] == "in_progress"
+        assert await owner.redis.scard("ac:running") == 20_001
+    finally:
+        await owner.aclose()
+        await live.aclose()
+
+
+def test_a_listener_whose_connection_the_network_dropped_silently_resubscribes(
+    upstream: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    """Host A reaches Redis through a relay that goes silent (a NAT forgetting the connection):
+    A's subscriber hears nothing, for ever, unless it notices. A cancel by request id sent to
+    host B must still reach A's generation (the upstream's disconnect record)."""
+    redis = RedisServer(tmp_path)
+    proxy = BlackholingProxy(redis.port)
+    hosts: list[GatewayHost] = []
+    try:
+        a_config = write_config(tmp_path / "a.toml", upstream, proxy.url())
+        hosts.append(GatewayHost.on("127.0.0.2", a_config, tmp_path / "a.log"))
+        b_config = write_config(tmp_path / "b.toml", upstream, redis.url)
+        hosts.append(GatewayHost.on("127.0.0.3", b_config, tmp_path / "b.log"))
+        a, b = hosts
+        assert wait_until(lambda: "store: reachable" in a.log_text(), 15), a.log_tail()
+        body = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+        body["max_tokens"] = 100_000
+        headers = {**auth(), "X-Request-Id": "deaf-1"}
+        with httpx.stream("POST", a.url + "/v1/chat/completions", json=body, headers=headers, timeout=60) as s:
+            assert next(line for line in s.iter_lines() if line.startswith("data: {"))
+            record = upstream.requests("/v1/chat/completions")[-1]
+            proxy.blackhole()
+            began = time.monotonic()
+            while record.disconnected_at is None and time.monotonic() - began < 30:
+                answer = httpx.post(b.url + "/v1/requests/deaf-1/cancel", headers=auth(), timeout=30)
+                if answer.status_code == 200:
+                    break
+                time.sleep(1)
+            upstream.wait_for_disconnect(record, timeout=10)
+        assert time.monotonic() - began < 40
+        assert "the listener lost its connection" in a.log_text()
+    finally:
+        for host in hosts:
+            host.stop()
+        proxy.close()
+        redis.stop()

@@ -56,7 +56,8 @@ class Background:
         self.bytes = 0
         self.done = False
         self.finished_at: float | None = None
-        self.too_large = False
+        # the gateway's own reason to stop it (HTTP status, code, message): it ends ``failed``
+        self.failure: tuple[int, str, str] | None = None
         self._changed = asyncio.Event()
 
     @property
@@ -70,10 +71,17 @@ class Background:
             data = encode_event(event)
             self.bytes += len(data)
             self._keep(data)
-        if self.bytes > limit and not self.done and not self.too_large:
-            self.too_large = True
-            self.flight.stop("background_limit")
+        if self.bytes > limit:
+            message = f"the response's events passed {limit} bytes (background_max_bytes): it was stopped"
+            self.fail("background_limit", 507, "response_too_large", message)
         self._appended()
+
+    def fail(self, reason: str, status: int, code: str, message: str) -> None:
+        """Stop its generation for the gateway's own ``reason``: it ends ``failed`` with ``code``
+        (not ``cancelled``: nobody asked for the stop)."""
+        if self.failure is None and not self.done:
+            self.failure = (status, code, message)
+            self.flight.stop(reason)
 
     def _keep(self, data: bytes) -> None:
         self.events.append(data)
@@ -265,10 +273,10 @@ class BackgroundStore:
             return 200
         except GenerationCancelledError as err:
             self.stop_recorded(flight, err)
-            if record.too_large:
-                message = f"the response's events passed {limit} bytes (background_max_bytes): it was stopped"
-                record.append(builder.failed_with("response_too_large", message), limit)
-                return 507
+            if record.failure is not None:
+                status, code, message = record.failure
+                record.append(builder.failed_with(code, message), limit)
+                return status
             record.append(builder.failed(err), limit)
             return 499
         except Exception as err:

@@ -21,6 +21,18 @@ others, and how:
 Redis down or slow: an operation a request waits on is bounded by ``store_timeout`` and fails
 as :class:`StoreUnavailable` (the route answers 503); foreground generations never touch the
 store on their way. redis-py reconnects by itself; the pub/sub listener resubscribes.
+
+Faults, each with a defined outcome (docs/resumable.md "Faults"):
+
+* **The lease never waits.** Renewing it, sweeping dead hosts' responses and listening are three
+  loops; each one that fails is logged and started again (one exception used to end the loop
+  that renewed the lease, silently, on every host at once).
+* **A malformed record** (a field missing: another version's schema, an operator's edit) is
+  logged once and skipped by the sweep; a reader finds no such response. Never a crash.
+* **A connection the network drops silently** (a NAT or load balancer forgetting it): the
+  listener pings its own connection when it has heard nothing for a fifth of a lease, and
+  resubscribes on a new one when three of them pass unheard.
+* **A large running set** is swept in batches (``SSCAN`` and pipelines), off the lease's loop.
 """
 
 from __future__ import annotations
@@ -30,6 +42,7 @@ import contextlib
 import json
 import logging
 import secrets
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -42,6 +55,11 @@ log = logging.getLogger("abstract_client.gateway")
 
 TERMINAL = frozenset({"completed", "failed", "cancelled", "incomplete"})
 _ASK_TIMEOUT = 2.0  # a host that does not answer within this is taken not to hold the request
+_SWEEP_BATCH = 500  # running entries read per round trip by the sweep
+_DEAF_AFTER = 3  # periods (a fifth of a lease) unheard, pings included, before the listener resubscribes
+# what every response's hash holds; one without them is malformed (logged once, skipped)
+_FIELDS = ("owner", "host", "token", "status", "next", "snapshot")
+_SWEPT = ("host", "status")  # what the sweep reads of each (the rest is read for a dead host's only)
 
 # KEYS: meta, events, running set. ARGV: token, first index, ttl ms, status ("": unchanged),
 # snapshot ("": unchanged), bytes, id, then the events' data. -1: fenced (another token holds
@@ -127,6 +145,9 @@ class Hosts:
         self.on_op: Callable[[list[str]], bool] = lambda words: False  # a broadcast op, on this host
         self.on_cancel_response: Callable[[str], object] = lambda response_id: None
         self.subscribed = asyncio.Event()
+        self._bad_records: set[str] = set()
+        self.store_ok: bool | None = None  # None: not known yet (the lease loop's first renewal tells)
+        self.where = _without_password(config.store)
 
     # -- life --------------------------------------------------------------------------------------
 
@@ -137,8 +158,9 @@ class Hosts:
             await self._bounded(self.redis.set(_key("host", self.id), b"1", px=self.lease_ms))
         loop = asyncio.get_running_loop()
         self._tasks = [
-            loop.create_task(self._keep_lease(), name="gateway host lease"),
-            loop.create_task(self._listen(), name="gateway host listener"),
+            loop.create_task(self._supervised("lease", self._keep_lease), name="gateway host lease"),
+            loop.create_task(self._supervised("sweep", self._keep_sweeping), name="gateway host sweep"),
+            loop.create_task(self._supervised("listener", self._listen), name="gateway host listener"),
         ]
 
     async def aclose(self) -> None:
@@ -168,30 +190,105 @@ class Hosts:
                 raise asyncio.CancelledError from None
             raise StoreUnavailable(f"the store did not answer: {type(exc).__name__}: {exc}"[:300]) from None
 
+    async def _supervised(self, name: str, loop: Callable[[], Awaitable[None]]) -> None:
+        """Run one of the host's loops for its life: a loop that fails is logged and started
+        again (a loop that ended on an exception left this host without a lease, silently)."""
+        while not self._closing:
+            try:
+                await loop()
+            except Exception:
+                if self._closing:
+                    return
+                log.exception("store: the %s loop failed; starting it again", name)
+                await asyncio.sleep(1)
+
     async def _keep_lease(self) -> None:
-        """Renew the lease five times per lease, and end the running responses of dead hosts."""
+        """Renew the lease five times per lease; nothing else runs on this loop."""
         period = self.lease_ms / 5000
         while not self._closing:
             try:
                 await self._bounded(self.redis.set(_key("host", self.id), b"1", px=self.lease_ms), period)
-                await self.sweep()
             except StoreUnavailable as exc:
-                log.warning("store: %s", exc)
+                self._reachable(False, str(exc))
+            else:
+                self._reachable(True)
+            await asyncio.sleep(period)
+
+    def _reachable(self, ok: bool, why: str = "") -> None:
+        """Say when the store comes and goes (the lease loop's view): one line each way, not
+        one per retry."""
+        if ok and self.store_ok is not True:
+            log.info("store: reachable at %s (host %s)", self.where, self.id)
+        elif not ok and self.store_ok is not False:
+            log.warning(
+                "store: unreachable at %s (%s); background responses answer 503 until it is back", self.where, why
+            )
+        self.store_ok = ok
+
+    async def _keep_sweeping(self) -> None:
+        period = self.lease_ms / 5000
+        while not self._closing:
+            with contextlib.suppress(StoreUnavailable):
+                await self.sweep()
             await asyncio.sleep(period)
 
     async def alive(self, host: str) -> bool:
         return bool(await self._bounded(self.redis.exists(_key("host", host))))
 
     async def sweep(self) -> None:
-        """End every running response whose host's lease is gone (any host may: a token decides)."""
-        running = await self._bounded(self.redis.smembers("ac:running"))
-        for raw in running:
-            response_id = raw.decode()
-            meta = await self.meta(response_id)
-            if meta is None:
-                await self._bounded(self.redis.srem("ac:running", raw))
-            elif meta.get("status") not in TERMINAL and not await self.alive(meta["host"]):
-                await self.end_owner_lost(response_id, meta)
+        """End every running response whose host's lease is gone (any host may: a token
+        decides). In batches: a round trip reads ``_SWEEP_BATCH`` entries, one more asks which
+        of their hosts are alive."""
+        cursor = 0
+        while True:
+            cursor, batch = await self._bounded(self.redis.sscan("ac:running", cursor, count=_SWEEP_BATCH))
+            if batch:
+                await self._sweep_batch([raw.decode() for raw in batch])
+            if not cursor:
+                return
+
+    async def _sweep_batch(self, response_ids: list[str]) -> None:
+        pipe = self.redis.pipeline(transaction=False)
+        for response_id in response_ids:
+            pipe.hmget(_key("resp", response_id), _SWEPT)
+        rows = await self._bounded(pipe.execute())
+        gone: list[str] = []
+        by_host: dict[str, list[str]] = {}
+        for response_id, row in zip(response_ids, rows, strict=True):
+            fields = dict(zip(_SWEPT, row, strict=True))
+            if all(value is None for value in fields.values()):
+                gone.append(response_id)  # expired or forgotten: nothing to end
+            elif any(value is None for value in fields.values()):
+                self._malformed(response_id, fields)
+            elif fields["status"].decode() not in TERMINAL:
+                by_host.setdefault(fields["host"].decode(), []).append(response_id)
+        if gone:
+            await self._bounded(self.redis.srem("ac:running", *gone))
+        hosts = list(by_host)
+        if not hosts:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        for host in hosts:
+            pipe.exists(_key("host", host))
+        for host, alive in zip(hosts, await self._bounded(pipe.execute()), strict=True):
+            # a host never takes itself for dead: after an outage its lease may be renewed only
+            # after this sweep, and its own writer ends what it runs (``store_lost``)
+            if alive or host == self.id:
+                continue
+            for response_id in by_host[host]:
+                meta = await self.meta(response_id)
+                if meta is not None:
+                    await self.end_owner_lost(response_id, meta)
+
+    def _malformed(self, response_id: str, fields: dict[str, Any]) -> None:
+        """Say once that a record lacks fields (another version's, or edited by hand); it is
+        skipped, never taken for a dead host's or a running one."""
+        if response_id in self._bad_records:
+            return
+        if len(self._bad_records) < 10_000:  # bounded: a store full of them is said once each, up to this
+            self._bad_records.add(response_id)
+        missing = ", ".join(name for name, value in fields.items() if value is None)
+        log.warning("store: the record of %s lacks %s; it is skipped", response_id, missing)
 
     # -- background responses ---------------------------------------------------------------------
 
@@ -239,10 +336,15 @@ class Hosts:
         await self._bounded(self.redis.delete(*keys))
 
     async def meta(self, response_id: str) -> dict[str, Any] | None:
+        """The response's record; None when the store has none, or a malformed one (logged)."""
         raw = await self._bounded(self.redis.hgetall(_key("resp", response_id)))
         if not raw:
             return None
-        return {k.decode(): v.decode() for k, v in raw.items()}
+        meta = {k.decode(errors="replace"): v.decode(errors="replace") for k, v in raw.items()}
+        if any(name not in meta for name in _FIELDS) or not meta["next"].isdigit():
+            self._malformed(response_id, {name: meta.get(name) for name in _FIELDS})
+            return None
+        return meta
 
     async def ask_cancel(self, response_id: str, host: str) -> None:
         """A cancel for a background response: written into its hash (read at the owner's next
@@ -337,20 +439,35 @@ class Hosts:
     async def _listen(self) -> None:
         """This host's channels: broadcast ops, its own direct messages, and answers to its asks.
         Resubscribes after the store comes back (a message sent meanwhile is lost: a cancel is
-        also in the response's hash; an ask is answered by nobody, and says so)."""
+        also in the response's hash; an ask is answered by nobody, and says so), and when its
+        connection has gone deaf: a network that drops a connection silently (a NAT's idle
+        timeout) leaves a subscriber that hears nothing for ever, so it pings itself when idle
+        and takes ``_DEAF_AFTER`` unanswered periods for a dead connection."""
         from redis.exceptions import RedisError
 
+        period = self.lease_ms / 5000
         while not self._closing:
             pubsub = self.redis.pubsub()
             try:
-                await pubsub.subscribe("ac:ops", _key("to", self.id), _key("ack", self.id))
+                await self._bounded(pubsub.subscribe("ac:ops", _key("to", self.id), _key("ack", self.id)))
                 self.subscribed.set()
-                async for message in pubsub.listen():
-                    if message.get("type") == "message":
-                        await self._on_message(message["channel"].decode(), message["data"].decode())
-            except (RedisError, OSError) as exc:
+                heard = time.monotonic()
+                while True:
+                    message = await pubsub.get_message(timeout=period)
+                    if message is not None:
+                        heard = time.monotonic()
+                        if message.get("type") == "message":
+                            await self._on_message(message["channel"].decode(), message["data"].decode())
+                    elif time.monotonic() - heard > _DEAF_AFTER * period:
+                        raise StoreUnavailable(f"nothing heard for {_DEAF_AFTER * period:g}s, pings included")
+                    else:
+                        await self._bounded(pubsub.ping(), period)
+            except (RedisError, OSError, StoreUnavailable) as exc:
+                # said once when a working subscription is lost; a store that stays down is the
+                # lease loop's to say
+                lost = self.subscribed.is_set()
                 self.subscribed.clear()
-                log.warning("store: the listener lost its connection (%s); resubscribing", type(exc).__name__)
+                (log.warning if lost else log.debug)("store: the listener lost its connection (%s); resubscribing", exc)
                 await asyncio.sleep(0.5)
             finally:
                 with contextlib.suppress(Exception):
@@ -377,6 +494,13 @@ class Hosts:
             acted = self.on_op([str(w) for w in words])
             with contextlib.suppress(StoreUnavailable):
                 await self._bounded(self.redis.publish(_key("ack", sender), f"{nonce} {1 if acted else 0}"))
+
+
+def _without_password(url: str) -> str:
+    """A store URL fit for a log line."""
+    scheme, sep, rest = url.partition("://")
+    _, at, hostpart = rest.rpartition("@")
+    return f"{scheme}{sep}{hostpart}" if at else url
 
 
 def error_event(code: str, message: str) -> bytes:

@@ -37,7 +37,9 @@ __all__ = ["SharedBackground", "SharedBackgroundStore", "SharedResponse"]
 log = logging.getLogger("abstract_client.gateway")
 
 _SNAPSHOT_EVERY_S = 0.5  # a running response's `response` object in the store is at most this old
-_RETRY_S = 0.2  # between attempts to write to a store that did not answer
+_RETRY_S = 0.2  # between attempts to write to a store that did not answer (growing with the outage)
+_RETRY_MAX_S = 2.0
+_STORE_LOST = "the store was unreachable for longer than a host's lease: the response was stopped"
 
 
 class SharedBackground(Background):
@@ -78,6 +80,10 @@ class SharedBackground(Background):
                 await asyncio.shield(self._writer)
 
     async def _write(self) -> None:
+        """Send the events in order. A store gone for a lease stops the generation (nobody could
+        read what it makes) and the writer keeps trying: once the store answers again, the
+        response's end (``failed``, code ``store_lost``) is written for every reader on every
+        host, within ``background_retention`` (after it the store forgets the response anyway)."""
         failing_since: float | None = None
         while not self.fenced:
             if not self._pending and not self._closing:
@@ -90,11 +96,14 @@ class SharedBackground(Background):
             except StoreUnavailable as exc:
                 now = time.monotonic()
                 failing_since = failing_since or now
-                if now - failing_since > self.hosts.lease_ms / 1000:
+                down = now - failing_since
+                if down > self.hosts.lease_ms / 1000 and self.failure is None and not self.done:
                     log.warning("background response %s: the store is gone (%s); stopping it", self.id, exc)
-                    self.flight.stop("store_lost")  # nobody could read what it makes
+                    self.fail("store_lost", 503, "store_lost", _STORE_LOST)
+                if down > self.hosts.retention_ms / 1000:
+                    log.error("background response %s: the store did not come back; its end is not written", self.id)
                     return
-                await asyncio.sleep(_RETRY_S)
+                await asyncio.sleep(min(_RETRY_S * (1 + down), _RETRY_MAX_S))
                 continue
             failing_since = None
             if final:
