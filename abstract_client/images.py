@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import ipaddress
 import mimetypes
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
+from urllib.parse import unquote, urlparse, urlsplit
 
 from .errors import ImageInputError, NotSupportedError
 from .types import ContentPart, Message
@@ -62,11 +63,16 @@ _MAGIC = (
 class ImageLimits:
     """What one call may carry: ``max_bytes`` per image (decoded), ``max_images`` in all;
     ``local_files=False`` refuses paths and ``file://`` URLs (the gateway: a client must never
-    make it read the gateway host's files)."""
+    make it read the gateway host's files). An http(s) URL on a link-local address or a cloud
+    metadata name (``169.254.169.254``, ``fe80::…``, ``metadata.google.internal``) is always
+    refused: a server that fetches image URLs (vLLM does) would fetch it for the caller;
+    ``private_urls=False`` refuses loopback and private addresses too (the gateway's default).
+    Names are not resolved: a name is judged as written."""
 
     max_bytes: int = DEFAULT_MAX_IMAGE_BYTES
     max_images: int = DEFAULT_MAX_IMAGES
     local_files: bool = True
+    private_urls: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_bytes", "max_images"):
@@ -134,6 +140,7 @@ def resolve_images(messages: list[Message], limits: ImageLimits) -> list[Message
             where = f"messages[{i}]['content'][{j}]"
             url = _url_of(part, where)
             if url.startswith(("http://", "https://")):
+                check_image_url(url, limits, where)
                 parts.append(part)
                 continue
             if not url.startswith("data:") and not limits.local_files:
@@ -149,6 +156,43 @@ def resolve_images(messages: list[Message], limits: ImageLimits) -> list[Message
             parts.append(part)
         out.append({**message, "content": parts})
     return out
+
+
+_METADATA_NAMES = frozenset({"metadata.google.internal", "metadata", "instance-data", "instance-data.ec2.internal"})
+_LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
+
+
+def check_image_url(url: str, limits: ImageLimits, where: str = "an image") -> None:
+    """Refuse an image URL a fetching server must not be sent to (see :class:`ImageLimits`)."""
+    try:
+        host = (urlsplit(url).hostname or "").rstrip(".").lower()
+    except ValueError:
+        raise ImageInputError(f"{where}: the image URL is malformed") from None
+    if not host:
+        raise ImageInputError(f"{where}: the image URL has no host")
+    try:
+        address: ipaddress.IPv4Address | ipaddress.IPv6Address | None = ipaddress.ip_address(host)
+    except ValueError:
+        address = None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    if host in _METADATA_NAMES or (address is not None and (address.is_link_local or address == _EC2_V6_METADATA)):
+        raise ImageInputError(f"{where}: an image URL on a link-local or metadata address is refused ({host})")
+    if limits.private_urls:
+        return
+    private = host in _LOOPBACK_NAMES or host.endswith(".localhost")
+    if address is not None:
+        private = address.is_private or address.is_loopback or address.is_reserved or address.is_unspecified
+        private = private or (isinstance(address, ipaddress.IPv4Address) and address in _SHARED_V4)
+    if private:
+        raise ImageInputError(
+            f"{where}: an image URL on a loopback or private address is refused here ({host}; "
+            "the gateway's private_image_urls setting allows it)"
+        )
+
+
+_EC2_V6_METADATA = ipaddress.IPv6Address("fd00:ec2::254")
+_SHARED_V4 = ipaddress.IPv4Network("100.64.0.0/10")  # carrier-grade NAT (and Alibaba's metadata at 100.100.100.200)
 
 
 def decode_data_url(url: str, where: str = "an image") -> tuple[str, bytes]:

@@ -541,6 +541,12 @@ class LLM:
         """:meth:`count_tokens` for async code."""
         if (prompt is None) == (messages is None):
             raise ValueError("pass a prompt or messages (one of them)")
+        # the call boundary's checks, as a generation's (nothing a generation refuses is sent here)
+        if prompt is not None:
+            check_text(prompt, "prompt")
+        if messages is not None:
+            check_messages(messages)
+            messages = resolve_images(messages, self.image_limits)
         request = GenerationRequest(
             messages=list(messages or []), model=self.provider.model, prompt=prompt, raw=prompt is not None
         )

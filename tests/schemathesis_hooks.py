@@ -7,7 +7,9 @@ refuses with a 400 a chat body that:
   no tools, or names two tools alike;
 * answers with a ``tool`` message a call no earlier message made, or carries a tool call whose
   ``arguments`` are not JSON text;
-* (Messages) answers with a ``tool_result`` a ``tool_use`` no earlier turn made;
+* (Messages) answers with a ``tool_result`` a ``tool_use`` no earlier turn made, leaves a
+  ``tool_use`` unanswered or uses its id twice, or gives a thinking budget not below
+  ``max_tokens``;
 * gives a tool ``parameters`` (``input_schema``) that are an object but not a JSON Schema (``{"if": []}``: the
   document says "an object"; the metaschema is not repeated in it).
 
@@ -130,8 +132,10 @@ def make_response_consistent(body: Any) -> None:
 
 def make_message_consistent(body: Any) -> None:
     """The same for a ``/v1/messages`` body (Anthropic's blocks): tool names unique, schemas
-    valid, a named tool_choice offered, a tool_result answering a tool_use of an earlier turn
-    (else it becomes a text block)."""
+    valid, a named tool_choice offered; tool ids that pair up as Anthropic's API requires (each
+    ``tool_use`` id once, answered by a ``tool_result`` in the next turn: a duplicate or a stray
+    block becomes a text block, an unanswered call gets its answer); a thinking budget below
+    ``max_tokens``."""
     if not isinstance(body, dict):
         return
     names = _flat_tools(body, "input_schema")
@@ -139,16 +143,41 @@ def make_message_consistent(body: Any) -> None:
     named = choice.get("name") if isinstance(choice, dict) else None
     if isinstance(choice, dict) and choice.get("type") == "tool" and not (isinstance(named, str) and named in names):
         body["tool_choice"] = {"type": "auto"}
-    calls: set[str] = set()
+    thinking, max_tokens = body.get("thinking"), body.get("max_tokens")
+    if isinstance(thinking, dict) and isinstance(thinking.get("budget_tokens"), int) and isinstance(max_tokens, int):
+        if not 1 <= thinking["budget_tokens"] < max_tokens:
+            thinking["budget_tokens"] = None if max_tokens <= 1 else max_tokens - 1
+    text = {"type": "text", "text": "an answer"}
+    seen: set[str] = set()
+    waiting: list[str] = []  # the last assistant turn's calls, not answered yet
+    last_calls: list[Any] = []  # that turn's blocks
     for turn in body.get("messages") if isinstance(body.get("messages"), list) else []:
-        blocks = turn.get("content") if isinstance(turn, dict) else None
-        for n, block in enumerate(blocks if isinstance(blocks, list) else []):
-            if not isinstance(block, dict):
-                continue
-            if block.get("type") == "tool_use":
-                calls.add(str(block.get("id")))
-            elif block.get("type") == "tool_result" and str(block.get("tool_use_id")) not in calls:
-                blocks[n] = {"type": "text", "text": "an answer"}
+        if not isinstance(turn, dict) or turn.get("role") == "system":
+            continue
+        if not isinstance(turn.get("content"), list):
+            turn["content"] = [{"type": "text", "text": str(turn.get("content"))}]
+        blocks = turn["content"]
+        if turn.get("role") == "assistant":
+            for n, block in enumerate(last_calls):  # a call left unanswered before another assistant turn
+                if isinstance(block, dict) and block.get("type") == "tool_use" and str(block.get("id")) in waiting:
+                    last_calls[n] = dict(text)
+            waiting, last_calls = [], blocks
+            for n, block in enumerate(blocks):
+                if isinstance(block, dict) and block.get("type") == "tool_use":
+                    if str(block.get("id")) in seen:
+                        blocks[n] = dict(text)
+                    else:
+                        seen.add(str(block.get("id")))
+                        waiting.append(str(block.get("id")))
+            continue
+        for n, block in enumerate(blocks):
+            if isinstance(block, dict) and block.get("type") == "tool_result":
+                if str(block.get("tool_use_id")) in waiting:
+                    waiting.remove(str(block.get("tool_use_id")))
+                else:
+                    blocks[n] = dict(text)
+        blocks += [{"type": "tool_result", "tool_use_id": call_id, "content": "an answer"} for call_id in waiting]
+        waiting, last_calls = [], []
 
 
 @schemathesis.hook

@@ -664,7 +664,8 @@ def test_a_listener_whose_connection_the_network_dropped_silently_resubscribes(
         body["max_tokens"] = 100_000
         headers = {**auth(), "X-Request-Id": "deaf-1"}
         with httpx.stream("POST", a.url + "/v1/chat/completions", json=body, headers=headers, timeout=60) as s:
-            assert next(line for line in s.iter_lines() if line.startswith("data: {"))
+            lines = s.iter_lines()  # held: a dropped iterator closes the response (a client that left)
+            assert next(line for line in lines if line.startswith("data: {"))
             record = upstream.requests("/v1/chat/completions")[-1]
             proxy.blackhole()
             began = time.monotonic()
@@ -674,7 +675,9 @@ def test_a_listener_whose_connection_the_network_dropped_silently_resubscribes(
                     break
                 time.sleep(1)
             upstream.wait_for_disconnect(record, timeout=10)
+            assert record.tokens_sent < 100_000
         assert time.monotonic() - began < 40
+        assert "stopped deaf-1 backend=fake-model reason=cancel_endpoint" in a.log_text(), a.log_tail()
         assert "the listener lost its connection" in a.log_text()
     finally:
         for host in hosts:

@@ -6,6 +6,7 @@ stop)."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -253,3 +254,127 @@ def test_what_claude_code_sends_is_served(gateway: InProcessGateway, upstream: F
         {"role": "system", "content": "# Environment\nPlatform: linux"},
     ]
     assert "tools" not in sent
+
+
+# -- what the route refuses before anything reaches the upstream (#58) ------------------------------
+
+_PNG = bytes.fromhex("89504e470d0a1a0a")
+
+
+def _image(source: dict[str, Any]) -> dict[str, Any]:
+    return {"role": "user", "content": [{"type": "image", "source": source}, {"type": "text", "text": "what is it"}]}
+
+
+def _b64(data: bytes) -> dict[str, Any]:
+    import base64
+
+    return {"type": "base64", "media_type": "image/png", "data": base64.b64encode(data).decode()}
+
+
+def _refused_before_upstream(
+    gw: InProcessGateway, upstream: FakeOpenAIServer, path: str, body: dict[str, Any], status: int = 400
+) -> dict[str, Any]:
+    before = len(upstream.requests())
+    headers = {"x-api-key": KEY, "content-type": "application/json"}  # json.dumps escapes a lone surrogate
+    answer = httpx.post(f"{gw.url}{path}", content=json.dumps(body), headers=headers, timeout=60)
+    assert answer.status_code == status, (path, str(body)[:200], answer.text[:300])
+    shaped = answer.json()
+    assert shaped["type"] == "error" and shaped["error"]["type"] == "invalid_request_error", shaped
+    assert len(upstream.requests()) == before, f"{path} sent {str(body)[:200]} upstream"
+    return dict(shaped)
+
+
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/messages/count_tokens"])
+def test_images_are_checked_on_both_routes_before_the_upstream(
+    gateway: InProcessGateway, upstream: FakeOpenAIServer, path: str
+) -> None:
+    """``count_tokens`` forwarded what ``/v1/messages`` refuses (a 200 for base64 garbage, a
+    22 MB image, 17 images, a file:// URL; a 502 for a lone surrogate)."""
+    turns = [
+        [_image(_b64(b"not an image at all"))],
+        [_image(_b64(_PNG + bytes(21 * 2**20)))],
+        [_image(_b64(_PNG + bytes(64))) for _ in range(17)],
+        [_image({"type": "url", "url": "file:///etc/passwd"})],
+        [_image({"type": "url", "url": "http://169.254.169.254/latest/meta-data/"})],
+        [_image({"type": "url", "url": "http://[fe80::1]/x.png"})],
+        [_image({"type": "url", "url": "http://metadata.google.internal/x.png"})],
+        [_image({"type": "url", "url": "http://10.1.2.3/x.png"})],  # private: refused by the gateway's default
+        [_image({"type": "url", "url": "http://localhost:8080/x.png"})],
+        [{"role": "user", "content": "a lone \ud800 surrogate"}],
+    ]
+    for messages in turns:
+        _refused_before_upstream(gateway, upstream, path, {"model": "m", "max_tokens": 5, "messages": messages})
+
+
+def test_the_messages_route_refuses_unbounded_or_unpaired_values(
+    gateway: InProcessGateway, upstream: FakeOpenAIServer
+) -> None:
+    hi = [{"role": "user", "content": "hi"}]
+    use = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}
+    result = {"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"}
+    bodies: list[dict[str, Any]] = [
+        {"stop_sequences": ["x"] * 100_000},
+        {"stop_sequences": ["x" * 10_000_000]},
+        {"stop_sequences": [""]},
+        {"top_k": 1e30},
+        {"top_k": -1},
+        {"thinking": {"type": "enabled", "budget_tokens": -1}},
+        {"thinking": {"type": "enabled", "budget_tokens": 10**30}},
+        {"thinking": {"type": "enabled", "budget_tokens": 50}, "max_tokens": 40},
+        # a tool_result whose id no tool_use made
+        {"messages": [*hi, {"role": "assistant", "content": "ok"}, {"role": "user", "content": [result]}]},
+        # a tool_use never answered
+        {"messages": [*hi, {"role": "assistant", "content": [use]}, {"role": "user", "content": "and?"}]},
+        # the same tool_use id twice
+        {
+            "messages": [
+                *hi,
+                {"role": "assistant", "content": [use, use]},
+                {"role": "user", "content": [result, result]},
+            ]
+        },
+        {"messages": [*hi, {"role": "assistant", "content": [{**use, "input": {"city": "\udc00"}}]}]},
+    ]
+    for extra in bodies:
+        body = {"model": "m", "max_tokens": 5, "messages": hi, **extra}
+        _refused_before_upstream(gateway, upstream, "/v1/messages", body)
+    # what Anthropic's API takes still passes: a paired history, a budget below max_tokens
+    paired = [*hi, {"role": "assistant", "content": [use]}, {"role": "user", "content": [result]}]
+    body = {"model": "m", "max_tokens": 40, "messages": paired, "thinking": {"type": "enabled", "budget_tokens": 20}}
+    answer = httpx.post(f"{gateway.url}/v1/messages", json=body, headers={"x-api-key": KEY}, timeout=60)
+    assert answer.status_code == 200, answer.text
+
+
+def test_every_refusal_before_the_route_is_in_anthropics_shape_and_the_key_comes_first(
+    upstream: FakeOpenAIServer,
+) -> None:
+    backend = BackendConfig(name="m", provider="llamacpp", base_url=upstream.base_url)
+    config = GatewayConfig(backends=[backend], api_key=KEY, max_body_bytes=4096)
+    body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+    text = json.dumps(body)
+
+    def anthropic_error(answer: httpx.Response, status: int, kind: str) -> None:
+        assert answer.status_code == status, answer.text
+        assert answer.json()["type"] == "error" and answer.json()["error"]["type"] == kind, answer.text
+
+    with InProcessGateway(config) as gw:
+        for path in ("/v1/messages", "/v1/messages/count_tokens"):
+            url = gw.url + path
+            for headers in ({}, {"x-api-key": "wrong"}, {"authorization": "Bearer wrong"}):
+                anthropic_error(httpx.post(url, json=body, headers=headers), 401, "authentication_error")
+            # no key and a body that is not JSON: the key is judged first
+            plain = {"content-type": "text/plain"}
+            anthropic_error(httpx.post(url, content=text, headers=plain), 401, "authentication_error")
+            keyed = {"x-api-key": KEY}
+            anthropic_error(httpx.post(url, content=text, headers={**plain, **keyed}), 415, "invalid_request_error")
+            anthropic_error(
+                httpx.post(url, json=body, headers={**keyed, "x-request-id": "a b"}), 400, "invalid_request_error"
+            )
+            anthropic_error(httpx.post(url, content="x" * 5000, headers=keyed), 413, "request_too_large")
+            anthropic_error(
+                httpx.post(url, json=body, headers={**keyed, "host": "evil.example"}), 403, "permission_error"
+            )
+        # the chat route keeps OpenAI's shape
+        chat = httpx.post(gw.url + "/v1/chat/completions", json=body)
+        assert chat.status_code == 401 and chat.json()["error"]["type"] == "authentication_error"
+        assert "type" not in chat.json() or chat.json()["type"] != "error"

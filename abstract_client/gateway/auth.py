@@ -6,12 +6,14 @@ from __future__ import annotations
 import hashlib
 import hmac
 import uuid
+from typing import Any
 
 import anyio
 from starlette.applications import Starlette
 from starlette.types import Message, Receive, Scope, Send
 
 from ..wires.chat_server import openai_error
+from ..wires.messages_server import anthropic_shape
 from .asgi import send_json
 from .body import REQUEST_ID
 from .browsers import BrowserPolicy
@@ -63,9 +65,19 @@ class RequestIdAndAuth:
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or [])
+        path = str(scope.get("path", ""))
+        # every refusal here in the route's own shape: Anthropic's clients read only theirs
+        messages_route = path == "/v1/messages" or path.startswith("/v1/messages/")
+
+        async def refuse(
+            sender: Send, status: int, why: str, kind: str, code: str | None = None, extra: list[Any] | None = None
+        ) -> None:
+            body = openai_error(why, kind, code)
+            await send_json(sender, status, anthropic_shape(status, body) if messages_route else body, extra)
+
         given = headers.get(b"x-request-id", b"").decode("latin-1")
         if (given or b"x-request-id" in headers) and not REQUEST_ID.match(given):
-            await send_json(send, 400, openai_error("X-Request-Id: 1-128 of [A-Za-z0-9._:-]", "invalid_request_error"))
+            await refuse(send, 400, "X-Request-Id: 1-128 of [A-Za-z0-9._:-]", "invalid_request_error")
             return
         request_id = given or f"req-{uuid.uuid4().hex}"
         scope.setdefault("state", {})["request_id"] = request_id
@@ -81,19 +93,26 @@ class RequestIdAndAuth:
             # connection closed (what follows on it cannot be trusted to be a request of its own)
             why = "a request with both Content-Length and Transfer-Encoding is refused"
             close = [(b"connection", b"close")]
-            await send_json(send_with_id, 400, openai_error(why, "invalid_request_error", "ambiguous_length"), close)
+            await refuse(send_with_id, 400, why, "invalid_request_error", "ambiguous_length", close)
             return
         # before the key and before the body: a page on this machine is refused whatever it sends
-        refused = self.browsers.refusal(scope.get("method", "GET"), headers)
+        method = scope.get("method", "GET")
+        refused = self.browsers.refusal(method, headers)
         if refused is not None:
             status, why, code = refused
-            await send_json(send_with_id, status, openai_error(why, "invalid_request_error", code))
+            await refuse(send_with_id, status, why, "invalid_request_error", code)
             return
 
         accepted, owner, admin = self._owner(headers.get(b"authorization", b""), headers.get(b"x-api-key", b""))
         # the chat page itself is public (it asks for the key); its calls carry the key
-        if not accepted and scope.get("path") not in ("/health", "/"):
-            await send_json(send_with_id, 401, openai_error("missing or wrong API key", "authentication_error"))
+        if not accepted and path not in ("/health", "/"):
+            await refuse(send_with_id, 401, "missing or wrong API key", "authentication_error")
+            return
+        # after the key: a caller without one learns nothing of what a route accepts
+        refused = self.browsers.media_refusal(method, headers)
+        if refused is not None:
+            status, why, code = refused
+            await refuse(send_with_id, status, why, "invalid_request_error", code)
             return
         scope["state"].update(owner=owner, admin=admin, admin_required=self._admin is not None)
         # The body limit: a declared length over it is refused before a byte is read; any other
@@ -102,7 +121,7 @@ class RequestIdAndAuth:
         limit = self.max_body_bytes
         declared = headers.get(b"content-length", b"")
         if declared.isdigit() and int(declared) > limit:
-            await _too_large(send_with_id, limit)
+            await refuse(send_with_id, 413, _too_large(limit), "invalid_request_error", "request_too_large")
             return
         body = bytearray()
         with anyio.move_on_after(self.body_timeout) as reading:  # a slow upload holds nothing forever
@@ -112,13 +131,13 @@ class RequestIdAndAuth:
                     return
                 body += message.get("body", b"")
                 if len(body) > limit:
-                    await _too_large(send_with_id, limit)
+                    await refuse(send_with_id, 413, _too_large(limit), "invalid_request_error", "request_too_large")
                     return
                 if not message.get("more_body", False):
                     break
         if reading.cancelled_caught:
             slow = f"the request body did not arrive within {self.body_timeout}s (body_timeout)"
-            await send_json(send_with_id, 408, openai_error(slow, "invalid_request_error", "request_timeout"))
+            await refuse(send_with_id, 408, slow, "invalid_request_error", "request_timeout")
             return
         replayed = False
 
@@ -132,6 +151,5 @@ class RequestIdAndAuth:
         await self.app(scope, replay, send_with_id)
 
 
-async def _too_large(send: Send, limit: int) -> None:
-    message = f"the request body is larger than {limit} bytes (--max-body-mb / max_body_bytes)"
-    await send_json(send, 413, openai_error(message, "invalid_request_error", "request_too_large"))
+def _too_large(limit: int) -> str:
+    return f"the request body is larger than {limit} bytes (--max-body-mb / max_body_bytes)"

@@ -61,6 +61,11 @@ class BrowserPolicy:
             same = given in (f"http://{raw_host}", f"https://{raw_host}")
             if given == "null" or not (same or given in self.origins):
                 return 403, f"Origin {given[:100]!r} may not use this gateway (allowed_origins)", "origin_not_allowed"
+        return None
+
+    def media_refusal(self, method: str, headers: dict[bytes, bytes]) -> tuple[int, str, str] | None:
+        """A body that is not JSON (a page's form or text/plain post), judged after the key: a
+        caller without one learns nothing of what a route accepts."""
         if method not in ("GET", "HEAD", "OPTIONS") and _has_body(headers) and b"content-type" in headers:
             # (no Content-Type at all: a program's request; a page's body without one — a Blob —
             # carries an Origin, judged above)

@@ -90,6 +90,9 @@ class GatewayConfig:
     store: str | None = None
     store_timeout: float = 2.0  # a store operation a request waits on longer than this is a 503
     host_lease: float = 5.0  # a host silent this long is dead: its running responses end owner_lost
+    # image URLs on loopback and private addresses passed on to a backend that may fetch them
+    # (vLLM does); link-local and metadata addresses are refused whatever this says
+    private_image_urls: bool = False
 
     def __post_init__(self) -> None:
         if not self.backends:
@@ -124,6 +127,7 @@ class GatewayConfig:
             _check(self.store, str, "store")
             if not self.store.startswith(("redis://", "rediss://", "unix://")):
                 raise ConfigError(f"store must be a redis://, rediss:// or unix:// URL, not {self.store!r:.60}")
+        _check(self.private_image_urls, bool, "private_image_urls")
         for name in ("store_timeout", "host_lease"):
             _check(getattr(self, name), (int, float), name)
         if not (0 < self.store_timeout <= 30):
@@ -188,6 +192,7 @@ _SERVER_KEYS = {
     "store",
     "store_timeout",
     "host_lease",
+    "private_image_urls",
 }
 _BACKEND_KEYS = set(BackendConfig.__dataclass_fields__)
 

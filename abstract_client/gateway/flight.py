@@ -22,7 +22,7 @@ __all__ = ["Backend", "Flight"]
 class Backend:
     """One served model: its LLM and its slots (``max_concurrent`` generations at once)."""
 
-    def __init__(self, cfg: BackendConfig) -> None:
+    def __init__(self, cfg: BackendConfig, *, private_image_urls: bool = False) -> None:
         self.cfg = cfg
         # the upstream model: the configured one, else the name clients use (an MLX model is a path)
         model = cfg.model or (None if cfg.provider == "mlx" else cfg.name)
@@ -31,7 +31,10 @@ class Backend:
         except (ValueError, TypeError) as err:  # an unknown provider, a bad URL or option: one line at start-up
             raise ConfigError(f"backend {cfg.name!r}: {err}") from None
         # a client's image is data or a URL, never a path: it must not make us read our own files
-        self.llm.image_limits = dataclasses.replace(self.llm.image_limits, local_files=False)
+        # nor make a backend that fetches URLs fetch one inside this network
+        self.llm.image_limits = dataclasses.replace(
+            self.llm.image_limits, local_files=False, private_urls=private_image_urls
+        )
         self.slots = anyio.Semaphore(cfg.max_concurrent)
 
     @property

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._validate import MAX_DIMENSIONS, MAX_TOKENS_LIMIT
+from ..wires.messages_server import MAX_STOP_SEQUENCE_CHARS, MAX_STOP_SEQUENCES
 
 __all__ = ["openapi_document"]
 
@@ -518,8 +519,14 @@ _MESSAGES_REQUEST = {
         "max_tokens": {"type": "integer", "minimum": 1, "maximum": MAX_TOKENS_LIMIT},
         "temperature": _or_null({"type": "number", "minimum": 0}),
         "top_p": _or_null({"type": "number", "minimum": 0, "maximum": 1}),
-        "top_k": _or_null({"type": "integer", "minimum": 0}),
-        "stop_sequences": _or_null({"type": "array", "items": _TEXT}),
+        "top_k": _or_null({"type": "integer", "minimum": 0, "maximum": MAX_TOKENS_LIMIT}),
+        "stop_sequences": _or_null(
+            {
+                "type": "array",
+                "maxItems": MAX_STOP_SEQUENCES,
+                "items": {"type": "string", "minLength": 1, "maxLength": MAX_STOP_SEQUENCE_CHARS, "pattern": "\\S"},
+            }
+        ),
         "stream": {"type": "boolean"},
         "thinking": _or_null(
             {
@@ -527,7 +534,14 @@ _MESSAGES_REQUEST = {
                 "required": ["type"],
                 "properties": {
                     "type": {"enum": ["enabled", "disabled", "adaptive"]},
-                    "budget_tokens": _or_null({"type": "integer"}),
+                    "budget_tokens": _or_null(
+                        {
+                            "type": "integer",
+                            "minimum": 1,
+                            "maximum": MAX_TOKENS_LIMIT - 1,
+                            "description": "below max_tokens",
+                        }
+                    ),
                 },
             }
         ),

@@ -29,7 +29,7 @@ log = logging.getLogger("abstract_client.gateway")
 class Gateway:
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
-        self.backends = {b.name: Backend(b) for b in config.backends}
+        self.backends = {b.name: Backend(b, private_image_urls=config.private_image_urls) for b in config.backends}
         self.metrics = Metrics()
         self.flights: dict[str, Flight] = {}
         # the latest stops, by request id (GET /v1/requests/{id}: what the chat page shows)

@@ -22,6 +22,7 @@ Sans-io. The client side of the same wire is ``abstract_client/wires/messages.py
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from ..types import GenerateResult, StreamChunk, Usage
@@ -36,14 +37,21 @@ __all__ = [
     "stop_reason_of",
 ]
 
+_MAX_INT = 2**31 - 1
+MAX_STOP_SEQUENCES = 64  # Anthropic's own bound is not published; what an agent sends is a handful
+MAX_STOP_SEQUENCE_CHARS = 1_000
+_VISIBLE = re.compile(r"\S")  # the OpenAPI document's pattern for a stop sequence, read alike
+
 _STOP_REASON = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "content_filter": "refusal"}
 _ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
     403: "permission_error",
     404: "not_found_error",
+    408: "timeout_error",
     409: "invalid_request_error",
     413: "request_too_large",
+    415: "invalid_request_error",
     422: "invalid_request_error",
     429: "rate_limit_error",
     499: "cancelled",  # not Anthropic's (a stopped request): its client has usually left
@@ -120,6 +128,11 @@ def _turn(message: Any, i: int) -> list[dict[str, Any]]:
             given = block.get("input")
             if not isinstance(given, dict):
                 raise BadRequest(f"{here}: a tool_use block's input must be an object")
+            try:  # no lone surrogate anywhere inside: it cannot be sent as UTF-8
+                arguments = json.dumps(given, ensure_ascii=False)
+                arguments.encode("utf-8")
+            except UnicodeEncodeError:
+                raise BadRequest(f"{here}: a tool_use block's input holds text that is not valid Unicode") from None
             function = {"name": block["name"], "arguments": json.dumps(given)}
             calls.append({"id": block["id"], "type": "function", "function": function})
         elif kind == "tool_result" and role == "user":
@@ -146,6 +159,31 @@ def _turn(message: Any, i: int) -> list[dict[str, Any]]:
                 turn["content"] = None
         out.append(turn)
     return out
+
+
+def _check_tool_pairs(messages: list[dict[str, Any]]) -> None:
+    """Every ``tool_use`` answered by a ``tool_result`` in the next turn, and every result
+    answering one, each id once — as Anthropic's API requires. A history that breaks the pairing
+    would reach the model as a conversation no template renders faithfully. An assistant turn
+    that ends the conversation may leave its calls unanswered (they are being answered now)."""
+    seen: set[str] = set()
+    waiting: set[str] = set()
+    for message in messages:
+        if message["role"] == "tool":
+            call_id = message["tool_call_id"]
+            if call_id not in waiting:
+                raise BadRequest(f"a tool_result answers {call_id[:80]!r}, which no tool_use of the turn before made")
+            waiting.discard(call_id)
+            continue
+        if message["role"] == "system":
+            continue
+        if waiting:
+            raise BadRequest(f"the tool_use {sorted(waiting)[0][:80]!r} has no tool_result in the turn after it")
+        for call in message.get("tool_calls") or ():
+            if call["id"] in seen:
+                raise BadRequest(f"the tool_use id {call['id'][:80]!r} is used more than once")
+            seen.add(call["id"])
+            waiting.add(call["id"])
 
 
 def _tools(tools: Any) -> list[dict[str, Any]]:
@@ -199,6 +237,7 @@ def messages_args(body: Any, *, count_only: bool = False) -> tuple[dict[str, Any
             messages.append({"role": "system", "content": system})
     for i, turn in enumerate(turns):
         messages += _turn(turn, i)
+    _check_tool_pairs(messages)
     kwargs: dict[str, Any] = {"messages": messages}
     if body.get("tools") is not None:
         kwargs["tools"] = _tools(body["tools"]) or None
@@ -220,10 +259,18 @@ def messages_args(body: Any, *, count_only: bool = False) -> tuple[dict[str, Any
             kwargs[key] = body[key]
     if isinstance(kwargs.get("top_k"), float) and kwargs["top_k"].is_integer():
         kwargs["top_k"] = int(kwargs["top_k"])  # JSON Schema's integer (the document's) takes 5.0 as 5
+    if "top_k" in kwargs:
+        top_k = kwargs["top_k"]
+        if not isinstance(top_k, int) or isinstance(top_k, bool) or not 0 <= top_k <= _MAX_INT:
+            raise BadRequest(f"top_k must be an integer from 0 to {_MAX_INT}")
     stops = body.get("stop_sequences")
     if stops is not None:
         if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
             raise BadRequest("stop_sequences must be a list of strings")
+        if len(stops) > MAX_STOP_SEQUENCES:
+            raise BadRequest(f"stop_sequences holds at most {MAX_STOP_SEQUENCES} entries, not {len(stops)}")
+        if not all(0 < len(s) <= MAX_STOP_SEQUENCE_CHARS and _VISIBLE.search(s) for s in stops):
+            raise BadRequest(f"each stop sequence is 1 to {MAX_STOP_SEQUENCE_CHARS} characters, not only white space")
         if stops:
             kwargs["stop"] = stops
     thinking = body.get("thinking")
@@ -234,6 +281,8 @@ def messages_args(body: Any, *, count_only: bool = False) -> tuple[dict[str, Any
         budget = thinking.get("budget_tokens")
         if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool)):
             raise BadRequest("thinking.budget_tokens must be an integer")
+        if budget is not None and not 1 <= budget < max_tokens:
+            raise BadRequest(f"thinking.budget_tokens must be at least 1 and below max_tokens ({max_tokens})")
         kwargs["reasoning"] = kind != "disabled"
     if body.get("metadata") is not None and not isinstance(body["metadata"], dict):
         raise BadRequest("metadata must be an object")
