@@ -43,7 +43,11 @@ class AnthropicProvider(OpenAICompatibleProvider):
         given = {"anthropic-version": anthropic_version, **(headers or {})}
         if api_key:
             given["x-api-key"] = api_key
-        kw.pop("wire", None)  # the lane speaks one wire
+        if "wire" in kw:  # the lane speaks one wire: a wire= it cannot honour is refused, never dropped
+            raise TypeError(
+                f"create_llm('anthropic'): wire= is not taken (the lane speaks Anthropic's Messages wire), "
+                f"not {kw['wire']!r}"
+            )
         super().__init__(wire="messages", headers=given, **kw)
 
     async def native_tools(self, request: GenerationRequest) -> bool:

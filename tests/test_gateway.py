@@ -25,7 +25,7 @@ from abstract_client.http.clients import KEEPALIVE
 from abstract_client.testing import FakeOpenAIServer
 from abstract_client.testing.gateway import GatewayProcess
 
-from .helpers import WEATHER_TOOL, wait_until
+from .helpers import WEATHER_TOOL, set_later, wait_until
 
 CHAT = "/v1/chat/completions"
 HELLO = [{"role": "user", "content": "hi"}]
@@ -218,6 +218,35 @@ def test_bounded_queue_503_and_a_queued_client_that_leaves(upstream: FakeOpenAIS
         assert wait_until(lambda: gw.metric("abstract_client_gateway_requests_running") == 0)
         assert len(upstream.requests(CHAT)) == 1
         assert gw.metric("abstract_client_gateway_queue_rejected_total") == 1
+
+
+def test_a_request_cancelled_while_queued_leaves_a_stop_record(upstream: FakeOpenAIServer, tmp_path: Path) -> None:
+    """Every stop has its record (``GET /v1/requests/{id}``): one made while the request waited
+    for a slot was a 404."""
+    with launch(upstream, tmp_path, "--max-concurrent", "1", "--queue-timeout", "60") as gw:
+        holder = client(gw).chat.completions.create(model="fake-model", messages=HELLO, max_tokens=2000, stream=True)  # type: ignore[arg-type]
+        next(iter(holder))
+        answers: list[httpx.Response] = []
+        body = {"model": "fake-model", "messages": HELLO}
+        queued = set_later(
+            lambda: answers.append(
+                httpx.post(gw.url + CHAT, json=body, headers={"X-Request-Id": "queued-1"}, timeout=60)
+            ),
+            0,
+        )
+
+        def cancelled() -> bool:
+            answer = httpx.post(gw.url + "/v1/requests/queued-1/cancel", timeout=30)
+            return answer.status_code == 200 and answer.json()["cancelled"] is True
+
+        assert wait_until(cancelled, 20, 0.1)
+        queued.join(30)
+        assert answers and answers[0].status_code == 499, answers
+        record = httpx.get(gw.url + "/v1/requests/queued-1", timeout=30)
+        assert record.status_code == 200, record.text
+        assert record.json()["reason"] == "cancel_endpoint" and record.json()["generated_tokens"] == 0
+        holder.close()
+        assert len(upstream.requests(CHAT)) == 1  # nothing of it was sent
 
 
 def test_errors_are_openai_error_bodies_and_a_failing_stream_ends_with_an_error_frame(

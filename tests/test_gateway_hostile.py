@@ -340,6 +340,35 @@ def test_a_client_that_stops_reading_is_stopped_and_frees_its_slot() -> None:
                 stalled.close()
 
 
+def test_a_reader_that_takes_nothing_is_stalled_whatever_its_buffers_hold() -> None:
+    """A client that stops reading, with the kernel's default (megabytes) buffers: the gateway's
+    writes never wait, so the write timeout alone saw it only once megabytes were queued (29.8 s
+    with a 5 s timeout). Its unsent bytes not moving for ``write_timeout`` is the stall; the
+    upstream's disconnect record is the evidence, long before the buffers could fill."""
+    import socket
+    import time
+
+    with FakeOpenAIServer(token_delay=0.002) as up:
+        backend = BackendConfig(name="m", provider="openai-compatible", model="fake-model", base_url=up.base_url)
+        with InProcessGateway(GatewayConfig(backends=[backend], write_timeout=2.0)) as gw:
+            stalled = socket.create_connection(("127.0.0.1", gw.port))
+            payload = json.dumps({"model": "m", "messages": json.loads(HELLO), "max_tokens": 10**8, "stream": True})
+            stalled.sendall(
+                f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(payload)}\r\n\r\n{payload}".encode()
+            )
+            try:
+                record = up.wait_for_request(timeout=10)
+                began = time.monotonic()
+                up.wait_for_disconnect(record, timeout=30)
+                took = time.monotonic() - began
+                assert took < 20, f"stopped {took:.1f} s after its first token"
+                stops = gw.gateway.metrics.stops
+                assert wait_until(lambda: stops[("m", "client_stalled")] == 1, 10), dict(stops)
+            finally:
+                stalled.close()
+
+
 def test_only_the_same_key_or_the_admin_key_cancels_a_request() -> None:
     with FakeOpenAIServer(token_delay=0.01) as up:
         backend = BackendConfig(name="m", provider="openai-compatible", model="fake-model", base_url=up.base_url)

@@ -148,3 +148,11 @@ def test_errors_are_typed_and_keep_what_came(fake: FakeOpenAIServer) -> None:
             for _ in llm.stream("hi", max_tokens=10):
                 pass
         assert "before message_stop" in str(cut.value) and cut.value.partial_text.startswith("tok0")
+
+
+@pytest.mark.parametrize("wire", ["chat", "responses", "messages"])
+def test_the_anthropic_lane_refuses_a_wire_keyword(wire: str) -> None:
+    """The lane speaks one wire: ``wire=`` was dropped silently, against the rule that a keyword
+    a lane cannot honour is refused."""
+    with pytest.raises(TypeError, match="wire= is not taken"):
+        create_llm("anthropic", "m", base_url="http://127.0.0.1:9", wire=wire)

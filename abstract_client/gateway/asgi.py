@@ -19,6 +19,7 @@ from ..errors import GenerationCancelledError, StopReason
 from ..wires.chat_server import Shape, as_written, error_body, openai_error
 from .departures import watch_client
 from .request_ids import scoped
+from .stall import UnsentWatch
 from .state import Backend, Flight, Gateway
 
 __all__ = ["GenerationResponse", "guarded_send", "guarded_send_json", "json_messages", "send_json"]
@@ -76,6 +77,8 @@ class GenerationResponse:
         )
         flight.owner = state.get("owner")
         flight.call_id = key
+        if state.get("client_socket") is not None:  # the gateway's own server: the kernel can say
+            flight.unsent = UnsentWatch(state["client_socket"], flight.write_timeout)
         gateway.flights[key] = flight
         gateway.metrics.started(backend.name)
         status = 500
@@ -140,8 +143,9 @@ class GenerationResponse:
             backend.slots.release()
 
     async def _stopped_before_start(self, flight: Flight, send: Send) -> int:
+        stop = GenerationCancelledError(f"stopped while queued ({flight.reason})", reason=_stop_reason(flight))
+        self.gateway.stop_recorded(flight, stop)  # a stop like any other: GET /v1/requests/{id} tells it
         if not flight.client_gone:
-            stop = GenerationCancelledError(f"stopped while queued ({flight.reason})", reason=_stop_reason(flight))
             await self._refuse(send, *error_body(stop))
         return 499
 
@@ -181,7 +185,9 @@ async def guarded_send(send: Send, flight: Flight, *messages: Message) -> None:
     except OSError:  # the client went away under us: that is a stop too
         flight.stop("client_disconnect")
         return
-    if scope.cancelled_caught:
+    # a reader that takes nothing is stalled whatever its buffers hold (``stall.py``)
+    taken_nothing = flight.unsent is not None and flight.unsent.wrote(sum(len(m.get("body", b"")) for m in messages))
+    if scope.cancelled_caught or taken_nothing:
         flight.client_gone = True  # nothing more can be written to it
         flight.stop("client_stalled")
 

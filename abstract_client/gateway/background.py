@@ -253,6 +253,7 @@ class BackgroundStore:
         flight.queue_scope = None
         if queued.cancelled_caught:
             stop = GenerationCancelledError(f"stopped while queued ({flight.reason})", reason="user")
+            self.stop_recorded(flight, stop)
             record.append(builder.failed(stop), limit)
             return 499
         if waited.cancelled_caught:

@@ -63,6 +63,7 @@ class Flight:
         self.owner: str | None = None  # the identity of the key it came with (cancel(id) checks it)
         self.call_id = request_id  # scoped(request_id, owner), once the owner is known
         self.write_timeout = write_timeout  # a client that reads nothing for this long is stalled
+        self.unsent: Any = None  # its socket's unsent bytes, judged at each write (stall.UnsentWatch)
         self.queue_scope: anyio.CancelScope | None = None
         self.span: Any = None  # the request's SERVER span, when tracing is on
         self.finished = False  # the response is done: a late disconnect is not its stop
