@@ -167,13 +167,61 @@ def check_wire_json(fields: Mapping[str, Any]) -> None:
     fields) used to fail only in the lane's encoder, as a ``ProviderProtocolError`` after
     connecting."""
     try:
-        json.dumps(fields, allow_nan=False, ensure_ascii=False, default=_wire_form).encode("utf-8")
+        json.dumps(_without_long_texts(fields), allow_nan=False, ensure_ascii=False, default=_wire_form).encode("utf-8")
     except UnicodeEncodeError as exc:
         raise ValueError(f"the request holds text that is not valid Unicode ({exc.reason})") from None
     except RecursionError:
         raise ValueError("the request nests too deep to be sent as JSON") from None
     except ValueError as exc:  # NaN, infinity, a circular reference
         raise ValueError(f"the request cannot be sent as JSON: {exc}") from None
+
+
+_CHECKED_TEXT_BUDGET = 256 * 1024  # characters of message text encoded again, at most
+
+
+def _without_long_texts(fields: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``fields`` with the messages' texts and image URLs left out once they add up past
+    ``_CHECKED_TEXT_BUDGET`` (the call boundary checked them: ``check_messages``,
+    ``resolve_images``). Encoding 30 MB of text again is one C call of ~40-80 ms on the
+    caller's event loop (the gateway's, for a large request)."""
+    messages = fields.get("messages")
+    if not isinstance(messages, list) or _text_size(messages) <= _CHECKED_TEXT_BUDGET:
+        return fields
+    light = []
+    for message in messages:
+        if isinstance(message, Mapping):
+            content = message.get("content")
+            if isinstance(content, str):
+                message = {**message, "content": ""}
+            elif isinstance(content, list):
+                message = {**message, "content": [_light_part(p) if isinstance(p, Mapping) else p for p in content]}
+        light.append(message)
+    return {**fields, "messages": light}
+
+
+def _text_size(messages: list[Any]) -> int:
+    size = 0
+    for message in messages:
+        content = message.get("content") if isinstance(message, Mapping) else None
+        if isinstance(content, str):
+            size += len(content)
+        elif isinstance(content, list):
+            for part in content:
+                if isinstance(part, Mapping):
+                    text, image = part.get("text"), part.get("image_url")
+                    size += len(text) if isinstance(text, str) else 0
+                    url = image.get("url") if isinstance(image, Mapping) else None
+                    size += len(url) if isinstance(url, str) else 0
+    return size
+
+
+def _light_part(part: Mapping[str, Any]) -> Mapping[str, Any]:
+    if isinstance(part.get("text"), str):
+        return {**part, "text": ""}
+    image = part.get("image_url")
+    if isinstance(image, Mapping) and isinstance(image.get("url"), str):
+        return {**part, "image_url": {**image, "url": ""}}
+    return part
 
 
 def _wire_form(value: Any) -> Any:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -459,3 +460,133 @@ def test_http11_the_head_limit_is_httpcores() -> None:
         assert ours_reads(parts) is None and h11_reads(parts) is None
     with pytest.raises(HTTPProtocolError, match="larger than"):
         ResponseReader().feed(endless)  # refused as it arrives, not at the end of the stream
+
+
+# -- a large JSON body in pieces (gateway/json_parse.py) and a large request body's encoding
+# (http/json_encode.py), each against the json module as the reference --------------------------
+
+_JSON_TEXT = st.text(alphabet=st.sampled_from(["a", "é", '"', "\\", "\n", "\x00", "\u2028", "😀", "\ud83d", " "]))
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | _JSON_TEXT,
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(_JSON_TEXT, inner, max_size=5),
+    max_leaves=40,
+)
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(_JSON_VALUES, st.integers(min_value=2, max_value=40), st.sampled_from([None, 0, 2]), st.booleans())
+def test_a_body_parsed_in_pieces_is_what_json_loads_reads(
+    value: Any, chunk: int, indent: int | None, ascii_: bool
+) -> None:
+    import json
+
+    from abstract_client.gateway.json_parse import parse_in_pieces, structure
+
+    text = json.dumps(value, indent=indent, ensure_ascii=ascii_)
+    _, spans = structure(text, chunk)
+    assert parse_in_pieces(text, spans, chunk) == json.loads(text)
+
+
+@settings(max_examples=300)
+@given(
+    st.text(
+        alphabet=st.sampled_from(["{", "}", "[", "]", '"', "\\", ",", ":", "1", "a", " ", "u", "d", "8"]), max_size=60
+    ),
+    st.integers(min_value=2, max_value=8),
+)
+def test_text_that_is_not_json_fails_in_pieces_as_it_fails_json_loads(text: str, chunk: int) -> None:
+    import json
+
+    from abstract_client.gateway.json_parse import parse_in_pieces, structure
+
+    try:
+        expected: Any = json.loads(text)
+    except ValueError:
+        expected = ValueError
+    try:
+        _, spans = structure(text, chunk)
+        got: Any = parse_in_pieces(text, spans, chunk)
+    except ValueError:
+        got = ValueError
+    assert got == expected or (got is not ValueError and expected is not ValueError and str(got) == str(expected))
+
+
+def test_no_piece_of_a_large_body_is_longer_than_a_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mechanism, counted: every call into the C decoder (and every regex search of the
+    structure pass) covers at most ``CHUNK`` characters, whatever the body — a 30 MB body took
+    one call of 350-630 ms before."""
+    import json
+
+    from abstract_client.gateway import json_parse
+
+    chunk = 1000
+    calls: list[int] = []
+    real_raw, real_decode = json_parse._DECODER.raw_decode, json_parse._DECODER.decode
+
+    class Counting(json.JSONDecoder):
+        def raw_decode(self, s: str, idx: int = 0) -> Any:  # type: ignore[override]
+            value, end = real_raw(s, idx)
+            calls.append(end - idx)
+            return value, end
+
+        def decode(self, s: str) -> Any:  # type: ignore[override]
+            calls.append(len(s))
+            return real_decode(s)
+
+    monkeypatch.setattr(json_parse, "_DECODER", Counting())
+    searched: list[int] = []  # how many characters each regex search of the structure pass covers
+    pattern = json_parse._STRUCTURE
+
+    class CountingPattern:
+        def finditer(self, text: str, pos: int = 0, endpos: int | None = None) -> Any:
+            end = len(text) if endpos is None else endpos
+            searched.append(end - pos)
+            return pattern.finditer(text, pos, end)
+
+    monkeypatch.setattr(json_parse, "_STRUCTURE", CountingPattern())
+    body = {
+        "numbers": [1.5] * 20_000,
+        "text": "x\\é\n" * 5_000 + "\U0001f600" * 3_000,
+        "objects": [{"role": "user", "content": "y" * 50}] * 2_000,
+    }
+    text = json.dumps(body)
+    _, spans = json_parse.structure(text, chunk)
+    assert json_parse.parse_in_pieces(text, spans, chunk) == body
+    assert max(calls) <= chunk + 2, max(calls)  # a string piece has its two quotes
+    assert max(searched) <= chunk, max(searched)
+    found = [m.end() for m in json_parse._windowed(text, chunk)]
+    assert found == [m.end() for m in pattern.finditer(text)]
+
+
+def test_a_body_with_too_many_values_is_refused_before_any_is_made() -> None:
+    import json
+
+    from abstract_client.gateway.json_parse import TooManyValues, structure
+
+    text = json.dumps({"tools": [{"name": "t"}] * 10})
+    structure(text, 8, max_values=33)  # 10 x {"name": "t"}: 30; the array, "tools", the body: 3
+    with pytest.raises(TooManyValues):
+        structure(text, 8, max_values=32)
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(_JSON_VALUES, st.integers(min_value=1, max_value=6), st.integers(min_value=0, max_value=6))
+def test_a_request_encoded_in_pieces_is_what_httpx_sends(value: Any, piece: int, long: int) -> None:
+    import json
+
+    from abstract_client.http import json_encode
+
+    shared = 'é"\\\n' * 3  # one string object at two places
+    value = [value, shared, {"again": shared}]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(json_encode, "PIECE", piece)
+        patch.setattr(json_encode, "LONG", long)
+        try:
+            expected: Any = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+        except UnicodeEncodeError:
+            expected = UnicodeEncodeError
+        try:
+            got: Any = json_encode.encode_json(value)
+        except UnicodeEncodeError:
+            got = UnicodeEncodeError
+    assert got == expected

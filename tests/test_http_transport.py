@@ -9,6 +9,7 @@ belongs to it; a stopped one is never reused; an idle one the server closed is n
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import socket
@@ -396,3 +397,31 @@ def test_a_stopped_call_is_never_sent_again_on_a_new_connection(served: Any) -> 
 
     anyio.run(main)
     assert [c.requests for c in server.conns] == [1, 1]  # no third connection: the stopped call's
+
+
+def test_a_large_request_is_encoded_off_the_loop_and_arrives_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request whose text adds up past a piece (a 30 MB document, an image) is encoded on a
+    worker thread, a piece at a time (``http/json_encode.py``): on the loop it was one C call of
+    40-80 ms, every other stream of a gateway waiting. Small ones stay on the loop (one call)."""
+    from abstract_client.http import clients
+    from abstract_client.testing import FakeOpenAIServer
+
+    where: list[bool] = []
+    real = clients.encode_json
+
+    def recording(value: Any) -> bytes:
+        try:
+            asyncio.get_running_loop()
+            where.append(True)
+        except RuntimeError:
+            where.append(False)
+        return real(value)
+
+    monkeypatch.setattr(clients, "encode_json", recording)
+    document = 'é\\n"' * 400_000
+    with FakeOpenAIServer(token_delay=0.0) as server:
+        with create_llm("openai-compatible", "fake-model", base_url=server.base_url) as llm:
+            llm.generate(messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+            llm.generate(messages=[{"role": "user", "content": document}], max_tokens=2)
+        assert server.requests()[-1].body["messages"][-1]["content"] == document
+    assert where == [True, False], where  # on the loop, then on a worker thread

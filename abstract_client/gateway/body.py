@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from ..wires.chat_server import MAX_MESSAGES, BadRequest, error_body, openai_error
+from .json_parse import CHUNK, TooManyValues, parse_in_pieces, structure
 
 __all__ = [
     "MAX_JSON_DEPTH",
@@ -49,10 +50,9 @@ async def read_json(request: Request) -> Any:
 
 def parse_json(raw: bytes) -> Any:
     """A request body as JSON: UTF-8, nested at most ``MAX_JSON_DEPTH`` levels."""
-    # json.loads holds the GIL for its whole run (a 28 MiB body: most of a second, the event
-    # loop waiting even with the parse on a thread): a body with far more messages than a
-    # request may hold is refused by a count of its "role" keys, before anything else reads
-    # it. An escaped quote inside a string ("\"role\"") does not count.
+    # A body with far more messages than a request may hold is refused by a count of its
+    # "role" keys, before anything else reads it. An escaped quote inside a string
+    # ("\"role\"") does not count.
     if raw.count(b'"role"') > 2 * MAX_MESSAGES:
         raise BadRequest(f"a request holds at most {MAX_MESSAGES} messages")
     # JSON between systems is UTF-8 (RFC 8259 section 8.1). json.loads(bytes) would also take
@@ -62,6 +62,17 @@ def parse_json(raw: bytes) -> Any:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise BadRequest(f"the body must be UTF-8 JSON (RFC 8259): {exc.reason} at byte {exc.start}") from None
+    if len(text) > CHUNK:  # in pieces: json.loads would hold the GIL for all of it (json_parse.py)
+        try:
+            depth, spans = structure(text)
+        except TooManyValues as exc:
+            raise BadRequest(f"the body holds {exc}") from None
+        if depth > MAX_JSON_DEPTH:
+            raise BadRequest(f"the body nests JSON deeper than {MAX_JSON_DEPTH} levels")
+        try:
+            return parse_in_pieces(text, spans)
+        except ValueError as exc:
+            raise BadRequest(f"the body is not JSON: {exc}") from None
     if json_depth(raw) > MAX_JSON_DEPTH:
         raise BadRequest(f"the body nests JSON deeper than {MAX_JSON_DEPTH} levels")
     try:

@@ -17,14 +17,16 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
+import anyio
 import httpx
 
 from .._validate import check_base_url
 from ..stopping.loop import loop_key
+from .json_encode import encode_json, is_large
 from .network import Network, NetworkSettings, resolve_network
 from .transport import GuardedTransport
 
@@ -118,8 +120,16 @@ class HttpClients:
         assert merged is not None  # set by _transport()
         if headers:
             merged = {**merged, **{k.lower(): v for k, v in headers.items()}}
-        request = httpx.Request(method, url, headers=merged, json=json, extensions={"timeout": timeout})
-        return _opened(transport, request)
+        if json is None:
+            return _opened(transport, httpx.Request(method, url, headers=merged, extensions={"timeout": timeout}))
+        merged = {**merged, "content-type": "application/json"}  # as httpx's json= (json_encode.py)
+
+        def request(body: bytes) -> httpx.Request:
+            return httpx.Request(method, url, headers=merged, content=body, extensions={"timeout": timeout})
+
+        if is_large(json):  # encoded on a worker thread, a piece at a time: the loop runs meanwhile
+            return _opened_large(transport, request, json)
+        return _opened(transport, request(encode_json(json)))
 
     async def fetch(
         self,
@@ -164,6 +174,16 @@ async def _opened(transport: httpx.AsyncBaseTransport, request: httpx.Request) -
         yield response
     finally:
         await response.aclose()
+
+
+@contextlib.asynccontextmanager
+async def _opened_large(
+    transport: httpx.AsyncBaseTransport, request: Callable[[bytes], httpx.Request], body: Any
+) -> AsyncIterator[httpx.Response]:
+    # a stop during the encoding is not kept waiting for it: the thread's result is dropped
+    encoded = await anyio.to_thread.run_sync(encode_json, body, abandon_on_cancel=True)
+    async with _opened(transport, request(encoded)) as response:
+        yield response
 
 
 async def _close_on_loop_end(clients: dict[bool, httpx.AsyncClient]) -> AsyncGenerator[None, None]:
