@@ -98,6 +98,49 @@ def test_a_stop_on_a_resumable_stream_cancels_the_engine(llama: LlamaServer) -> 
     assert idle_after < 5
 
 
+def test_stops_after_a_resume_close_in_order_on_a_loaded_machine(
+    llama: LlamaServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """#58: a stream resumed once (the proxy resets it after ~1,500 bytes), then, on the same
+    client, streams stopped after 5 chunks with the ``with`` block closing at once — beside a
+    process that keeps a core busy. The close raced the loop's pull of the resumed stream:
+    ``aclose(): asynchronous generator is already running`` (a task's exception nobody
+    retrieved), and once the slot kept decoding 3 s after the stop. Each stop: the slot idle,
+    llama-server's own ``cancel task``, no such error."""
+    import subprocess
+    import sys
+
+    caplog.set_level("DEBUG")
+    assert llama.wait_idle(10)
+    burner = subprocess.Popen(
+        [sys.executable, "-c", "import time\nend = time.time() + 120\nwhile time.time() < end: pass"]
+    )
+    proxy = CuttingProxy(llama.port, seed=3, cuts=1, cut_after=(1_500, 1_500))
+    try:
+        with lane(proxy.url) as llm:
+            assert text_of(stream_all(llm, resumable=True))
+            assert proxy.cut_at == [1_500]  # it was resumed once
+            for _ in range(3):
+                before = len(llama.cancelled_tasks())
+                event = threading.Event()
+                with pytest.raises(GenerationCancelledError):
+                    with llm.stream(
+                        messages=STORY, max_tokens=2000, ignore_eos=True, resumable=True, cancel_event=event
+                    ) as stream:
+                        for i, _ in enumerate(stream):
+                            if i == 5:
+                                event.set()
+                assert llama.wait_idle(10), "the slot kept decoding after the stop"
+                assert wait_until(lambda b=before: len(llama.cancelled_tasks()) > b, 10)
+    finally:
+        proxy.close()
+        burner.kill()
+        burner.wait(5)
+    raced = [r.getMessage() for r in caplog.records if "already running" in r.getMessage() + str(r.exc_info)]
+    unretrieved = [r.getMessage() for r in caplog.records if "never retrieved" in r.getMessage()]
+    assert not raced and not unretrieved, (raced, unretrieved)
+
+
 def test_a_resumable_stream_left_by_a_break_cancels_the_engine(llama: LlamaServer) -> None:
     """Leaving early is no resume either: the ``with`` block's close sends the DELETE."""
     assert llama.wait_idle(10)

@@ -174,3 +174,42 @@ async def test_trio_move_on_after(server: FakeServer, llm: LLM) -> None:
         await llm.agenerate("x")
     assert scope.cancelled_caught
     server.wait_for_disconnect(server.last)
+
+
+async def test_a_close_from_another_task_during_a_pull_closes_the_lanes_stream_in_order(
+    server: FakeServer, llm: LLM, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Task A waits on the stream's next chunk (the lane's generator is running); task B stops
+    the stream and closes it at once — a sync caller's ``close()`` after its stop was handed
+    over does this, while the loop still unwinds the pull it left. The lane's generator was
+    closed under A's feet — ``aclose(): asynchronous generator is already running``, swallowed —
+    and stayed open, its connection unreleased. Now B's close waits for A's pull to end (the stop
+    ended it), and the generator is closed once, in order."""
+    caplog.set_level("DEBUG", "abstract_client")
+    server.behavior.token_delay = 0.3
+    pulling = anyio.Event()
+    outcome: list[BaseException] = []
+    stream = llm.astream("x", max_tokens=10_000)
+    await stream.__anext__()
+    source = stream._source
+    assert source is not None
+
+    async def pull() -> None:
+        # B runs once A waits inside the lane's read (chunks already buffered come first)
+        pulling.set()
+        try:
+            while True:
+                await stream.__anext__()
+        except BaseException as exc:  # what A sees is asserted below
+            outcome.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(pull)
+        await pulling.wait()
+        stream.cancel()  # the caller's stop: it severs at once, A's read has yet to see it
+        await stream.aclose()
+    assert outcome and isinstance(outcome[0], GenerationCancelledError), outcome
+    assert source.ag_frame is None, "the lane's stream was never closed"
+    assert not [r for r in caplog.records if "already running" in r.getMessage() + str(r.exc_info)]
+    assert server.wait_for_disconnect(server.last) > 0
+    assert stream.state == "done"

@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 _OPEN = frozenset({Phase.ADMITTED, Phase.PREPARED})  # the call holds a connection (or an engine job)
 _STATE = {Phase.BUILT: "new", Phase.ADMITTED: "open", Phase.PREPARED: "open", Phase.RELEASED: "done"}
 Source = AsyncGenerator[StreamChunk, None]
+_PULL_END_S = 10.0  # a close waits this long, at most, for another task's pull to end
 
 
 async def open_source(call: Call) -> tuple[Source, StreamChunk | None]:
@@ -62,6 +63,12 @@ class GenerationStream:
         self._call = call
         call.streaming = True
         self._source: Source | None = None
+        # A pull of the provider's stream is under way (in some task): the source is running, and
+        # closing it from another task now is "aclose(): asynchronous generator is already
+        # running" — it stayed open, its connection unreleased. ``_pulled`` is made only by a
+        # closer that has to wait for the pull to end.
+        self._pulling = False
+        self._pulled: anyio.Event | None = None
 
     def __repr__(self) -> str:
         return f"<GenerationStream {self._call.request_id} {self.state}>"
@@ -117,6 +124,7 @@ class GenerationStream:
             if call.phase is Phase.BUILT:
                 return await self._start()
             raise StopAsyncIteration
+        self._pulling = True
         try:
             if needs_scope(call, "idle"):
                 chunk = await step(call, source.__anext__, "idle")
@@ -129,12 +137,21 @@ class GenerationStream:
                     raise_translated(call, exc)
                     raise
         except StopAsyncIteration:
+            self._pulled_now()
             await self._end()
             raise
         except BaseException:
+            self._pulled_now()
             await self._finish()
             raise
+        self._pulled_now()
         return await self._deliver(chunk)
+
+    def _pulled_now(self) -> None:
+        self._pulling = False
+        if self._pulled is not None:
+            self._pulled.set()
+            self._pulled = None
 
     async def _end(self) -> None:
         """The provider's stream ended: complete, unless a stop was requested first (rule 7)."""
@@ -180,6 +197,13 @@ class GenerationStream:
             self.abandon()
 
     async def _finish(self, *, clean: bool = False) -> None:
+        if self._pulling and self._source is not None:
+            # closed from another task while one pulls (a sync caller's close after its stop was
+            # handed over, an async task's aclose): the stop already requested ends that pull
+            # (a sever, an engine's flag), and the source is closed after it, in order.
+            pulled = self._pulled = self._pulled or anyio.Event()
+            with anyio.CancelScope(shield=True), anyio.move_on_after(_PULL_END_S):
+                await pulled.wait()
         source, self._source = self._source, None
         try:
             if source is not None:
