@@ -126,6 +126,62 @@ def test_a_stop_in_prefill_keeps_the_chunks_that_completed(llm: LLM, tiny_dir: P
     assert again.content == cold_answer(tiny_dir, 8, prompt=prompt)
 
 
+def test_a_regenerate_sent_at_once_after_a_stop_in_prefill_finds_its_chunks(tiny_dir: Path) -> None:
+    """Stop during a long prompt, then Regenerate at once: the batched engine admitted the new
+    request (and looked its prompt up) before it kept the stopped one's prefill, which found
+    nothing (0 of 1,503 tokens; the serial engine, one request at a time, 1,344). Made
+    deterministic: the engine is held after a step while the stop lands and the Regenerate
+    queues, then let go."""
+    with create_llm("mlx", str(tiny_dir), max_batch_size=4, prefill_step_size=16) as llm:
+        p = provider(llm)
+        llm.generate("warm up", max_tokens=2)
+        engine = p.batch
+        assert engine is not None
+        generator = engine._generator
+        real_next = generator.next
+        hold, held, armed = threading.Event(), threading.Event(), threading.Event()
+
+        def next_step() -> Any:
+            out = real_next()
+            if armed.is_set():
+                armed.clear()
+                held.set()
+                assert hold.wait(30)
+            return out
+
+        generator.next = next_step
+        prompt = words("regenerate", 300)
+        event = threading.Event()
+        errors: list[BaseException] = []
+        answers: list[Any] = []
+
+        def first() -> None:
+            try:
+                llm.generate(prompt, max_tokens=8, cancel_event=event, request_id="first")
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=first)]
+        threads[0].start()
+        assert wait_until(lambda: (s := p.stats("first")) is not None and s.prefill_done >= 320, timeout=60)
+        armed.set()
+        assert held.wait(30)  # the engine is inside its loop, between two steps
+        event.set()  # Stop ...
+        threads.append(threading.Thread(target=lambda: answers.append(llm.generate(prompt, max_tokens=8))))
+        threads[1].start()  # ... and Regenerate at once
+        assert wait_until(lambda: len(engine._pending) == 1, timeout=30)
+        hold.set()
+        for thread in threads:
+            thread.join(60)
+        assert [type(e) for e in errors] == [GenerationCancelledError]
+        stats = p.stats("first")
+        assert stats is not None and stats.stopped_in == "prefill" and stats.prefill_done >= 320
+        assert answers and answers[0].usage is not None
+        kept = stats.cached_tokens + stats.prefill_done  # what it started from, and every chunk it completed
+        assert answers[0].usage.cached_tokens == kept, (answers[0].usage, stats)
+        assert answers[0].content == cold_answer(tiny_dir, 8, prompt=prompt)
+
+
 def test_the_next_turn_after_a_stop_reuses_the_first_turn(llm: LLM, tiny_dir: Path) -> None:
     history: list[Any] = [{"role": "user", "content": words("turn")}]
     err = stop_after_chunks(llm, 5, "turn-1", messages=history)

@@ -149,8 +149,10 @@ class BatchEngine:
 
         try:
             while True:
-                self._admit()
+                # the stopped first: what a stop leaves in the prompt cache must be there before
+                # the next request (a Regenerate sent at once) looks its prompt up
                 self._remove_stopped()
+                self._admit()
                 if not self._active:
                     with self._lock:
                         if not self._pending or self._alone_waiting:
@@ -192,6 +194,7 @@ class BatchEngine:
                 seq.emit(seq.end)
                 continue
             try:
+                self._remove_stopped()  # a stop that came meanwhile: its KV kept before this lookup
                 self._insert(seq)
             except Exception as exc:
                 seq.emit(Failure(type(exc).__name__, str(exc)))
@@ -232,6 +235,7 @@ class BatchEngine:
 
     def _remove_stopped(self) -> None:
         stopped = [uid for uid, seq in self._active.items() if seq.token.is_set]
+        # (a stopped sequence's KV is kept here, so this runs before every admission)
         if not stopped:
             return
         # only these sequences; the others go on. Their KV is kept: the work a stop leaves behind
