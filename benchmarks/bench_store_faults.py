@@ -29,7 +29,7 @@ from _tables import print_table
 from abstract_client.gateway.config import BackendConfig, GatewayConfig
 from abstract_client.gateway.hosts import Hosts
 from tests.network_servers import BlackholingProxy
-from tests.test_gateway_hosts import RedisServer
+from tests.test_gateway_hosts import RedisServer, fill_running
 
 LEASE = 5.0
 
@@ -56,12 +56,7 @@ async def sweep_rows(url: str) -> list[dict[str, Any]]:
         await owner.redis.flushdb()
         await owner.start()
         await live.start()
-        fields = {"owner": "", "host": live.id, "token": "1", "status": "in_progress", "next": "0", "snapshot": "{}"}
-        pipe = owner.redis.pipeline(transaction=False)
-        for i in range(n):
-            pipe.hset(f"ac:resp:r{i}", mapping=fields)
-            pipe.sadd("ac:running", f"r{i}")
-        await pipe.execute()
+        await fill_running(owner.redis, n, live.id)
         began = time.perf_counter()
         await owner.sweep()
         took = time.perf_counter() - began

@@ -303,6 +303,15 @@ def test_sigterm_stops_every_stream_with_an_error_frame_and_exits_promptly(tmp_p
             gw.stop()
 
 
+def _endless_stream(sock: Any) -> None:
+    """Ask for a stream that never ends on ``sock``, and read none of it."""
+    payload = json.dumps({"model": "m", "messages": json.loads(HELLO), "max_tokens": 10**8, "stream": True})
+    sock.sendall(
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(payload)}\r\n\r\n{payload}".encode()
+    )
+
+
 def test_a_client_that_stops_reading_is_stopped_and_frees_its_slot() -> None:
     """A stalled reader: the gateway's writes wait (flow control) past ``write_timeout``, the
     generation stops (reason ``client_stalled``), the upstream is severed, and the one slot
@@ -318,11 +327,7 @@ def test_a_client_that_stops_reading_is_stopped_and_frees_its_slot() -> None:
             stalled = socket.socket()
             stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             stalled.connect(("127.0.0.1", gw.port))
-            payload = json.dumps({"model": "m", "messages": json.loads(HELLO), "max_tokens": 10**8, "stream": True})
-            stalled.sendall(
-                f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(payload)}\r\n\r\n{payload}".encode()
-            )
+            _endless_stream(stalled)
             try:
                 record = up.wait_for_request(timeout=10)
                 seen = up.wait_for_disconnect(record, timeout=30)  # stopped although it never left
@@ -352,11 +357,7 @@ def test_a_reader_that_takes_nothing_is_stalled_whatever_its_buffers_hold() -> N
         backend = BackendConfig(name="m", provider="openai-compatible", model="fake-model", base_url=up.base_url)
         with InProcessGateway(GatewayConfig(backends=[backend], write_timeout=2.0)) as gw:
             stalled = socket.create_connection(("127.0.0.1", gw.port))
-            payload = json.dumps({"model": "m", "messages": json.loads(HELLO), "max_tokens": 10**8, "stream": True})
-            stalled.sendall(
-                f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(payload)}\r\n\r\n{payload}".encode()
-            )
+            _endless_stream(stalled)
             try:
                 record = up.wait_for_request(timeout=10)
                 began = time.monotonic()

@@ -615,6 +615,16 @@ async def test_a_loop_that_fails_is_started_again(store: RedisServer, caplog: py
         await hosts.aclose()
 
 
+async def fill_running(redis: Any, n: int, host: str) -> None:
+    """``n`` running responses of ``host`` in the store (``many_0`` ...), in one pipeline."""
+    fields = {"owner": "", "host": host, "token": "1", "status": "in_progress", "next": "0", "snapshot": "{}"}
+    pipe = redis.pipeline(transaction=False)
+    for i in range(n):
+        pipe.hset(f"ac:resp:many_{i}", mapping=fields)
+        pipe.sadd("ac:running", f"many_{i}")
+    await pipe.execute()
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_large_running_set_never_delays_a_lease_nor_ends_a_live_response(store: RedisServer) -> None:
@@ -625,12 +635,7 @@ async def test_a_large_running_set_never_delays_a_lease_nor_ends_a_live_response
     await live.start()
     try:
         await live.create("resp_live", None, {"status": "in_progress", "id": "resp_live"})
-        fields = {"owner": "", "host": live.id, "token": "1", "status": "in_progress", "next": "0", "snapshot": "{}"}
-        pipe = owner.redis.pipeline(transaction=False)
-        for n in range(20_000):
-            pipe.hset(f"ac:resp:many_{n}", mapping=fields)
-            pipe.sadd("ac:running", f"many_{n}")
-        await pipe.execute()
+        await fill_running(owner.redis, 20_000, live.id)
         began = time.monotonic()
         await owner.sweep()
         took = time.monotonic() - began
