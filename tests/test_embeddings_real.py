@@ -145,6 +145,7 @@ def test_mlx_vectors_count_tokens_and_stop() -> None:
 
 
 @pytest.mark.vllm
+@pytest.mark.timeout(600)  # it starts vLLM's pooling runner: ~90 of its 107 s on a quiet machine
 def test_vllm_pooling_runner_vectors_and_stop(tmp_path_factory: pytest.TempPathFactory) -> None:
     """vLLM serves SmolLM2 as an embedding model with its pooling runner (``--runner pooling
     --convert embed``, mean pooling) on the CPU."""
