@@ -573,6 +573,9 @@ async def test_a_malformed_record_is_skipped_and_logged_and_every_lease_is_renew
         fields = {"host": owner.id, "token": "1", "status": "in_progress", "next": "0", "snapshot": "{}"}
         await owner.redis.hset("ac:resp:noowner", mapping=fields)  # no owner: a 500 once
         await owner.redis.sadd("ac:running", "bad", "noowner")
+        # a dead host's record whose snapshot is not JSON: skipped too, the sweep goes on past it
+        await owner.redis.hset("ac:resp:badjson", mapping={**fields, "host": "h-gone", "owner": "", "snapshot": "{"})
+        await owner.redis.sadd("ac:running", "badjson")
         await dead.create("resp_dead", None, {"status": "in_progress", "id": "resp_dead"})
         await dead.redis.delete(f"ac:host:{dead.id}")  # its host died (its loops never ran)
         assert await _lapses([owner], 2 * LEASE) == 0
@@ -580,7 +583,7 @@ async def test_a_malformed_record_is_skipped_and_logged_and_every_lease_is_renew
         assert meta is not None and meta["status"] == "failed"  # swept: owner_lost
         assert await owner.meta("noowner") is None and await owner.meta("bad") is None
         said = [r.getMessage() for r in caplog.records if "lacks" in r.getMessage()]
-        assert sorted(m.split()[4] for m in said) == ["bad", "noowner"], said  # once each
+        assert sorted(m.split()[4] for m in said) == ["bad", "badjson", "noowner"], said  # once each
         assert await owner.redis.sismember("ac:running", "bad")  # skipped, not dropped: another version's
     finally:
         await owner.aclose()

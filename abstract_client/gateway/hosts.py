@@ -277,8 +277,12 @@ class Hosts:
                 continue
             for response_id in by_host[host]:
                 meta = await self.meta(response_id)
-                if meta is not None:
+                if meta is None:
+                    continue
+                try:
                     await self.end_owner_lost(response_id, meta)
+                except (ValueError, TypeError):  # its snapshot is not a JSON object: skipped, said once
+                    self._malformed(response_id, {"snapshot": None})
 
     def _malformed(self, response_id: str, fields: dict[str, Any]) -> None:
         """Say once that a record lacks fields (another version's, or edited by hand); it is
