@@ -473,7 +473,7 @@ _JSON_VALUES = st.recursive(
 )
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@fuzz
 @given(_JSON_VALUES, st.integers(min_value=2, max_value=40), st.sampled_from([None, 0, 2]), st.booleans())
 def test_a_body_parsed_in_pieces_is_what_json_loads_reads(
     value: Any, chunk: int, indent: int | None, ascii_: bool
@@ -487,7 +487,7 @@ def test_a_body_parsed_in_pieces_is_what_json_loads_reads(
     assert parse_in_pieces(text, spans, chunk) == json.loads(text)
 
 
-@settings(max_examples=300)
+@fuzz
 @given(
     st.text(
         alphabet=st.sampled_from(["{", "}", "[", "]", '"', "\\", ",", ":", "1", "a", " ", "u", "d", "8"]), max_size=60
@@ -569,7 +569,7 @@ def test_a_body_with_too_many_values_is_refused_before_any_is_made() -> None:
         structure(text, 8, max_values=32)
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@fuzz
 @given(_JSON_VALUES, st.integers(min_value=1, max_value=6), st.integers(min_value=0, max_value=6))
 def test_a_request_encoded_in_pieces_is_what_httpx_sends(value: Any, piece: int, long: int) -> None:
     import json
