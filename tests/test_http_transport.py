@@ -409,13 +409,13 @@ def test_a_large_request_is_encoded_off_the_loop_and_arrives_whole(monkeypatch: 
     where: list[bool] = []
     real = clients.encode_json
 
-    def recording(value: Any) -> bytes:
+    def recording(value: Any, long: Any = None) -> bytes:
         try:
             asyncio.get_running_loop()
             where.append(True)
         except RuntimeError:
             where.append(False)
-        return real(value)
+        return real(value, long)
 
     monkeypatch.setattr(clients, "encode_json", recording)
     document = 'é\\n"' * 400_000

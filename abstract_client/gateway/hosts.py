@@ -232,9 +232,6 @@ class Hosts:
                 await self.sweep()
             await asyncio.sleep(period)
 
-    async def alive(self, host: str) -> bool:
-        return bool(await self._bounded(self.redis.exists(_key("host", host))))
-
     async def sweep(self) -> None:
         """End every running response whose host's lease is gone (any host may: a token
         decides). In batches: a round trip reads ``_SWEEP_BATCH`` entries, one more asks which

@@ -26,7 +26,7 @@ import httpx
 
 from .._validate import check_base_url
 from ..stopping.loop import loop_key
-from .json_encode import encode_json, is_large
+from .json_encode import encode_json, long_strings
 from .network import Network, NetworkSettings, resolve_network
 from .transport import GuardedTransport
 
@@ -127,9 +127,10 @@ class HttpClients:
         def request(body: bytes) -> httpx.Request:
             return httpx.Request(method, url, headers=merged, content=body, extensions={"timeout": timeout})
 
-        if is_large(json):  # encoded on a worker thread, a piece at a time: the loop runs meanwhile
-            return _opened_large(transport, request, json)
-        return _opened(transport, request(encode_json(json)))
+        long = long_strings(json)  # one walk of the body, for both decisions
+        if long:  # encoded on a worker thread, a piece at a time: the loop runs meanwhile
+            return _opened_large(transport, request, json, long)
+        return _opened(transport, request(encode_json(json, long)))
 
     async def fetch(
         self,
@@ -178,10 +179,10 @@ async def _opened(transport: httpx.AsyncBaseTransport, request: httpx.Request) -
 
 @contextlib.asynccontextmanager
 async def _opened_large(
-    transport: httpx.AsyncBaseTransport, request: Callable[[bytes], httpx.Request], body: Any
+    transport: httpx.AsyncBaseTransport, request: Callable[[bytes], httpx.Request], body: Any, long: dict[int, str]
 ) -> AsyncIterator[httpx.Response]:
     # a stop during the encoding is not kept waiting for it: the thread's result is dropped
-    encoded = await anyio.to_thread.run_sync(encode_json, body, abandon_on_cancel=True)
+    encoded = await anyio.to_thread.run_sync(encode_json, body, long, abandon_on_cancel=True)
     async with _opened(transport, request(encoded)) as response:
         yield response
 

@@ -18,7 +18,7 @@ import re
 import secrets
 from typing import Any
 
-__all__ = ["LONG", "PIECE", "encode_json", "is_large"]
+__all__ = ["LONG", "PIECE", "encode_json", "long_strings"]
 
 PIECE = 256 * 1024  # characters of one string encoded in one call, at most
 LONG = 4096  # a string this long or longer is encoded on its own, once they add up past PIECE
@@ -28,18 +28,19 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
-def is_large(value: Any) -> bool:
-    """Whether ``value``'s long strings add up past ``PIECE`` (worth a worker thread)."""
-    long: dict[int, str] = {}
-    _find_long(value, long)
-    return sum(len(text) for text in long.values()) > PIECE
+def long_strings(value: Any) -> dict[int, str]:
+    """``value``'s long strings by ``id``, when they add up past ``PIECE`` (then it is worth a
+    worker thread and the encoding in slices); empty when one call does."""
+    found: dict[int, str] = {}
+    _find_long(value, found)
+    return found if sum(len(text) for text in found.values()) > PIECE else {}
 
 
-def encode_json(value: Any) -> bytes:
-    """``value`` as httpx's ``json=`` sends it."""
-    long: dict[int, str] = {}
-    _find_long(value, long)
-    if sum(len(text) for text in long.values()) <= PIECE:  # the usual case: one call
+def encode_json(value: Any, long: dict[int, str] | None = None) -> bytes:
+    """``value`` as httpx's ``json=`` sends it (``long``: its :func:`long_strings`, when the
+    caller has them already)."""
+    long = long_strings(value) if long is None else long
+    if not long:  # the usual case: one call
         return _dumps(value).encode("utf-8")
     nonce = secrets.token_hex(16)
     marks = {key: f"\x00{nonce}:{key}" for key in long}
@@ -66,11 +67,11 @@ def _find_long(value: Any, found: dict[int, str]) -> None:
             found[id(value)] = value
     elif kind is dict:
         for item in value.values():
-            if type(item) in (dict, list, str):
+            if type(item) in (dict, list, tuple, str):
                 _find_long(item, found)
     elif kind is list or kind is tuple:
         for item in value:
-            if type(item) in (dict, list, str):
+            if type(item) in (dict, list, tuple, str):
                 _find_long(item, found)
 
 
