@@ -82,3 +82,20 @@ def test_the_documented_path_to_the_socket_is_the_real_one(monkeypatch: Any) -> 
         llm.generate("hi", max_tokens=2)
     assert caller and loop
     assert caller[0] + loop[0] == [(file, name) for file, name in documented], (caller[0], loop[0])
+
+
+def test_the_fakes_route_table_in_docs_testing_is_every_route_they_serve() -> None:
+    """docs/testing.md lists every route each fake serves, no more, no fewer (read from each
+    fake's own route table)."""
+    import re
+    from pathlib import Path
+
+    from abstract_client.testing import FakeLMStudioServer, FakeOllamaServer, FakeOpenAIServer
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "testing.md").read_text()
+    for fake in (FakeOpenAIServer, FakeOllamaServer, FakeLMStudioServer):
+        row = re.search(rf"^\| `{fake.__name__}` \| (.*?) \|", page, re.M)
+        assert row, f"docs/testing.md has no row for {fake.__name__}"
+        documented = set(re.findall(r"`(/[^`]*)`", row.group(1)))
+        served = set(re.findall(r'\("(?:GET|POST|HEAD)", "(/[^"]*)"\)', inspect.getsource(fake.route)))
+        assert documented == served, (fake.__name__, sorted(documented - served), sorted(served - documented))

@@ -184,7 +184,38 @@ def _llama_embeddings(tmp: pytest.TempPathFactory, home: Path) -> Iterator[Stage
         server.stop()
 
 
-@stage("docs/tools-and-structured-output.md", "docs/resumable.md")
+@stage("docs/resumable.md")
+@contextlib.contextmanager
+def _llama_and_two_hosts(tmp: pytest.TempPathFactory, home: Path) -> Iterator[Stage]:
+    """A real llama-server at the documented 8080, and the two gateway hosts of "Several hosts"
+    at their documented addresses, sharing a real redis-server (the page creates, reads, resumes
+    and cancels a background response across them)."""
+    from abstract_client.gateway.config import BackendConfig, GatewayConfig
+    from abstract_client.testing.gateway import InProcessGateway
+
+    from .test_gateway_hosts import RedisServer
+
+    server = launch_llama_server(tmp, "docs-resumable", extra=["--jinja"])
+    redis = RedisServer(tmp.mktemp("docs-redis"))
+    try:
+        hosts = []
+        with contextlib.ExitStack() as stack:
+            for _ in range(2):
+                backend = BackendConfig(name="llamacpp", provider="llamacpp", base_url=server.url)
+                hosts.append(stack.enter_context(InProcessGateway(GatewayConfig([backend], store=redis.url))))
+            yield Stage(
+                replace={
+                    "http://127.0.0.1:8080": server.url,
+                    "http://10.0.0.11:8000": hosts[0].url,
+                    "http://10.0.0.12:8000": hosts[1].url,
+                }
+            )
+    finally:
+        redis.stop()
+        server.stop()
+
+
+@stage("docs/tools-and-structured-output.md")
 @contextlib.contextmanager
 def _llama(tmp: pytest.TempPathFactory, home: Path) -> Iterator[Stage]:
     server = launch_llama_server(tmp, "docs-llama", extra=["--jinja"])
@@ -224,7 +255,8 @@ def _class(path: str) -> Any:
 
 def test_every_page_with_code_has_a_stage() -> None:
     assert sorted(set(pages_with_code()) - set(STAGES)) == []
-    assert {page for page, stage in STAGES.items() if stage in (_llama, _llama_embeddings)} == REAL_SERVER_PAGES
+    real = (_llama, _llama_embeddings, _llama_and_two_hosts)
+    assert {page for page, stage in STAGES.items() if stage in real} == REAL_SERVER_PAGES
     assert "README.md" in pages_with_code()
 
 

@@ -139,10 +139,11 @@ def test_the_callers_stops_never_count_against_a_member(servers: list[FakeOpenAI
                 for n, _ in enumerate(fleet.stream("long", max_tokens=10_000, cancel_event=event), 1):
                     if n == 1 + i % 3:
                         event.set()
-        assert wait_until(lambda: all(m["in_flight"] == 0 for m in fleet.status()["members"]), 10)
+        # a stopped attempt leaves in_flight at once; it is counted stopped once its stream unwound
+        assert wait_until(lambda: sum(m["stopped"] for m in fleet.status()["members"]) == 200, 10)
         status = fleet.status()["members"]
+        assert all(m["in_flight"] == 0 for m in status), status
         assert all(m["state"] == "healthy" and m["failed"] == 0 and m["cooldowns"] == 0 for m in status), status
-        assert sum(m["stopped"] for m in status) == 200
         records = [r for s in servers for r in s.requests(CHAT)]
         assert len(records) == 200
         assert wait_until(lambda: all(r.disconnected_at is not None for r in records), 10)
@@ -373,10 +374,9 @@ def test_an_error_surfacing_from_a_stopped_member_is_not_its_failure() -> None:
                     if n == 0:
                         timer.start()
             timer.join()
-        assert wait_until(lambda: all(m["in_flight"] == 0 for m in fleet.status()["members"]), 10)
+        assert wait_until(lambda: sum(m["stopped"] for m in fleet.status()["members"]) == 20, 10)
         status = fleet.status()["members"]
-        assert all(m["failed"] == 0 and m["state"] == "healthy" for m in status), status
-        assert sum(m["stopped"] for m in status) == 20
+        assert all(m["failed"] == 0 and m["state"] == "healthy" and m["in_flight"] == 0 for m in status), status
 
 
 # -- under failure: the prober, backoff, failover of a request that got no response byte ----------
@@ -621,3 +621,29 @@ def test_a_fleet_of_in_process_members_reports_the_engines_own_count_on_a_stop(t
         assert err.member == "a"
         assert err.usage is not None and err.usage.prompt_tokens == stats.prompt_tokens
         assert 0 < (err.usage.completion_tokens or 0) <= stats.tokens
+
+
+def test_status_right_after_a_stop_shows_the_call_gone(servers: list[FakeOpenAIServer]) -> None:
+    """The caller gets its stop, reads ``status()`` at once: no call in flight (before, the
+    attempt left the count only once its stream had unwound, milliseconds later)."""
+    with fleet_of(servers) as fleet:
+        for i in range(30):
+            event = threading.Event()
+            with pytest.raises(GenerationCancelledError):
+                for n, _ in enumerate(fleet.stream("long", max_tokens=10_000, cancel_event=event), 1):
+                    if n == 2:
+                        # from another thread, as a Stop button does; the caller is woken by it
+                        threading.Thread(target=event.set).start()
+            status = fleet.status()["members"]
+            assert [m["in_flight"] for m in status] == [0, 0, 0], (i, status)
+
+        async def stopped_by_a_cancelled_task() -> list[int]:
+            async def call() -> None:
+                async for _ in fleet.astream("long", max_tokens=10_000):
+                    pass
+
+            with anyio.move_on_after(0.2):
+                await call()
+            return [m["in_flight"] for m in fleet.status()["members"]]
+
+        assert anyio.run(stopped_by_a_cancelled_task) == [0, 0, 0]

@@ -51,6 +51,7 @@ def test_the_request_in_the_wires_form(fake: FakeOpenAIServer) -> None:
     body = fake.last.body
     assert fake.last.path == "/v1/messages"
     assert body["system"] == "Be brief."
+    assert body["model"] == "default"  # a lane without a model name sends a string, as the chat wire does
     assert body["max_tokens"] == 4096  # the wire requires it: the documented default when none is given
     assert body["stop_sequences"] == ["\n\n"] and body["temperature"] == 0.0
     assert body["tools"][0]["name"] == "get_weather" and "input_schema" in body["tools"][0]

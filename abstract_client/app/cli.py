@@ -427,6 +427,10 @@ def _gateway_config(args: argparse.Namespace) -> Any:
         config.store = args.store
     if args.ui:
         config.ui = True
+    if args.strict_model_names:
+        config.strict_model_names = True
+    if args.health_interval is not None:
+        config.health_interval = args.health_interval
     if args.access_log:
         config.access_log = True
     config.log_level = args.log_level
@@ -513,6 +517,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="redis://HOST:PORT/DB shared by several gateway hosts (background responses, stop records, cancels)",
     )
     p.add_argument("--ui", action="store_true", help="serve a chat page with a Stop button at /")
+    p.add_argument(
+        "--strict-model-names",
+        action="store_true",
+        help="a request's model must name a backend, even with one backend (default: any name reaches it)",
+    )
+    p.add_argument(
+        "--health-interval",
+        type=float,
+        default=None,
+        help="seconds between the background probes of each backend (default 5; /health and /ready read them)",
+    )
     p.add_argument("--max-body-mb", type=float, default=None, help="largest request body in MiB (default 32): 413")
     p.add_argument(
         "--max-background", type=int, default=None, help="background responses held at once (default 64): then 429"

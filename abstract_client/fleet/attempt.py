@@ -70,6 +70,7 @@ class Attempt:
             trace_headers=call_ctx.trace_headers,
         )
         parent = call_ctx.token
+        self._parent = parent
         self._unhook = parent.add_hook(
             lambda: self.token.stop(parent.reason or "user", internal=parent.internal), step=Step.TELL
         )
@@ -78,7 +79,7 @@ class Attempt:
         self.first_at: float | None = None
         self.lost = False  # a hedge race this attempt did not win
         self.closed = False
-        member.count("in_flight")
+        member.enter(self)
         if hedge:
             member.count("hedges_sent")
 
@@ -96,6 +97,12 @@ class Attempt:
         if self.first_at is None:
             self.first_at = time.perf_counter()
         return chunk
+
+    @property
+    def running(self) -> bool:
+        """Neither closed nor stopped: the call's own token is set before any hook of its stop
+        runs, so this turns false before the caller can learn of the stop."""
+        return not (self.closed or self.token.is_set or self._parent.is_set)
 
     def stop(self) -> None:
         """Stop this attempt alone (a hedge that lost): its server is told, its socket severed."""
@@ -128,7 +135,7 @@ class Attempt:
                 else:
                     self.guard.sever()
             self.token.release()
-            member.count("in_flight", -1)
+            member.leave(self)
         outcome = "served"
         if completed:
             member.health.succeeded()

@@ -23,7 +23,7 @@ class Member:
     llm: LLM
     weight: float = 1.0
     health: MemberHealth = field(default_factory=MemberHealth)
-    in_flight: int = 0
+    attempts: set[Any] = field(default_factory=set, repr=False)  # its attempts not yet closed
     served: int = 0  # attempts that produced the answer the caller got
     failed: int = 0  # attempts that failed in a way counted against the member
     stopped: int = 0  # attempts stopped (the caller's stop, a lost hedge, an eject): never failures
@@ -36,6 +36,23 @@ class Member:
         if weight <= 0:
             raise ValueError(f"member {name!r}: weight must be > 0")
         return cls(name=name, llm=llm, weight=weight, health=MemberHealth(policy))
+
+    @property
+    def in_flight(self) -> int:
+        """Attempts running on this member. A stopped one leaves the count the moment its stop
+        is requested (before its caller is woken), not when its stream has unwound a moment
+        later: ``status()`` read right after a stop never shows the call still in flight."""
+        with self._lock:
+            attempts = list(self.attempts)
+        return sum(1 for a in attempts if a.running)
+
+    def enter(self, attempt: Any) -> None:
+        with self._lock:
+            self.attempts.add(attempt)
+
+    def leave(self, attempt: Any) -> None:
+        with self._lock:
+            self.attempts.discard(attempt)
 
     def count(self, attr: str, delta: int = 1) -> None:
         with self._lock:

@@ -11,8 +11,9 @@ ordinary stop: the upstream socket is severed (HTTP lanes) or the engine's flag 
 
 The modules: ``state.py`` (backends, flights, stop records), ``asgi.py`` (the flight's response,
 guarded sends), ``generation.py`` (the generation routes), ``routes.py`` (the others),
-``body.py`` (reading a request), ``auth.py`` (the outermost middleware), ``server.py``
-(uvicorn, workers, signals).
+``upstreams.py`` (whether each backend can be reached: ``/health``, ``/ready``), ``body.py``
+(reading a request), ``auth.py`` (the outermost middleware), ``server.py`` (uvicorn, workers,
+signals).
 """
 
 from __future__ import annotations
@@ -55,7 +56,12 @@ def create_app(config: GatewayConfig, *, peers: Peers | None = None) -> Starlett
             await peers.start(gateway)
         if gateway.hosts is not None:
             await gateway.hosts.start()
+        await gateway.upstreams.start()  # each backend's start-up line, before the first request
+        probing = asyncio.get_running_loop().create_task(gateway.upstreams.run(), name="abstract-client-upstreams")
         yield
+        probing.cancel()
+        await asyncio.gather(probing, return_exceptions=True)
+        await gateway.upstreams.aclose()
         if peers is not None:
             await peers.aclose()
         await gateway.background.aclose()
@@ -78,6 +84,7 @@ def create_app(config: GatewayConfig, *, peers: Peers | None = None) -> Starlett
         Route("/v1/requests/{request_id}/cancel", routes.cancel, methods=["POST"]),
         Route("/v1/requests/{request_id}", routes.stop_record, methods=["GET"]),
         Route("/health", routes.health, methods=["GET"]),
+        Route("/ready", routes.ready, methods=["GET"]),
         Route("/metrics", routes.metrics, methods=["GET"]),
         Route("/openapi.json", routes.openapi, methods=["GET"]),
     ]

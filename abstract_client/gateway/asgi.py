@@ -99,9 +99,8 @@ class GenerationResponse:
                     # starting response" and answers a half-closed client with a 500.
                     with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
                         reason: StopReason = "shutdown" if flight.reason == "shutdown" else "user"
-                        stop = GenerationCancelledError(
-                            f"stopped: {flight.reason or 'client_disconnect'}", reason=reason
-                        )
+                        given = flight.reason or "client_disconnect"
+                        stop = GenerationCancelledError(f"stopped: {given}", reason=reason, signal_reason=given)
                         await self._refuse(send, *error_body(stop), [(b"connection", b"close")])
                 elif flight.reason in ("client_disconnect", "client_stalled"):
                     abort_connection = state.get("abort_connection")  # the gateway's protocol: no ERROR line
@@ -110,6 +109,7 @@ class GenerationResponse:
                 flight.finished = True
                 del gateway.flights[key]
                 gateway.metrics.finished(backend.name, self.endpoint, status)
+                gateway.upstreams.finished(backend.name, status, flight.error)
                 if flight.span is not None:
                     flight.span.set_attribute("http.response.status_code", status)
 
@@ -143,7 +143,9 @@ class GenerationResponse:
             backend.slots.release()
 
     async def _stopped_before_start(self, flight: Flight, send: Send) -> int:
-        stop = GenerationCancelledError(f"stopped while queued ({flight.reason})", reason=_stop_reason(flight))
+        stop = GenerationCancelledError(
+            f"stopped while queued ({flight.reason})", reason=_stop_reason(flight), signal_reason=flight.reason
+        )
         self.gateway.stop_recorded(flight, stop)  # a stop like any other: GET /v1/requests/{id} tells it
         if not flight.client_gone:
             await self._refuse(send, *error_body(stop))
@@ -192,5 +194,7 @@ async def guarded_send(send: Send, flight: Flight, *messages: Message) -> None:
         flight.stop("client_stalled")
 
 
-async def guarded_send_json(send: Send, flight: Flight, status: int, body: Any) -> None:
-    await guarded_send(send, flight, *json_messages(status, body))
+async def guarded_send_json(
+    send: Send, flight: Flight, status: int, body: Any, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    await guarded_send(send, flight, *json_messages(status, body, headers))

@@ -105,7 +105,7 @@ class RequestIdAndAuth:
 
         accepted, owner, admin = self._owner(headers.get(b"authorization", b""), headers.get(b"x-api-key", b""))
         # the chat page itself is public (it asks for the key); its calls carry the key
-        if not accepted and path not in ("/health", "/"):
+        if not accepted and path not in ("/health", "/ready", "/"):
             await refuse(send_with_id, 401, "missing or wrong API key", "authentication_error")
             return
         # after the key: a caller without one learns nothing of what a route accepts
@@ -114,7 +114,7 @@ class RequestIdAndAuth:
             status, why, code = refused
             await refuse(send_with_id, status, why, "invalid_request_error", code)
             return
-        scope["state"].update(owner=owner, admin=admin, admin_required=self._admin is not None)
+        scope["state"].update(owner=owner, admin=admin, admin_required=self._admin is not None, key_accepted=accepted)
         # The body limit: a declared length over it is refused before a byte is read; any other
         # body is read here (at most the limit, so memory stays bounded) and refused the moment
         # it passes it, before the app sees anything; the app gets the body replayed.

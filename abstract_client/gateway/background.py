@@ -138,6 +138,8 @@ class BackgroundStore:
         """``flights`` is the gateway's own (a background response is in flight while it runs);
         ``stop_recorded`` records a stop as the gateway records every stop."""
         self.config, self.flights, self.metrics, self.stop_recorded = config, flights, metrics, stop_recorded
+        # the gateway's Upstreams.finished: (backend, status, error)
+        self.on_finished: Callable[[str, int, BaseException | None], None] | None = None
         self.items: OrderedDict[str, Background] = OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -240,6 +242,8 @@ class BackgroundStore:
             flight.finished = True
             self.flights.pop(flight.call_id, None)
             self.metrics.finished(backend.name, "responses", status)
+            if self.on_finished is not None:
+                self.on_finished(backend.name, status, flight.error)
             record.end()
             with anyio.CancelScope(shield=True):
                 await record.close()
@@ -252,7 +256,9 @@ class BackgroundStore:
                 await backend.slots.acquire()
         flight.queue_scope = None
         if queued.cancelled_caught:
-            stop = GenerationCancelledError(f"stopped while queued ({flight.reason})", reason="user")
+            stop = GenerationCancelledError(
+                f"stopped while queued ({flight.reason})", reason="user", signal_reason=flight.reason
+            )
             self.stop_recorded(flight, stop)
             record.append(builder.failed(stop), limit)
             return 499
@@ -281,6 +287,7 @@ class BackgroundStore:
             record.append(builder.failed(err), limit)
             return 499
         except Exception as err:
+            flight.error = err
             record.append(builder.failed(err), limit)
             return error_body(err)[0]
         finally:

@@ -119,6 +119,6 @@ def store_unavailable(exc: Exception) -> JSONResponse:
     """A 503 for what needs the store shared by several hosts (``hosts.py``) while it does not
     answer; the client may try again (``Retry-After``)."""
     body = openai_error(
-        f"the store shared by the gateway hosts did not answer: {exc}", "unavailable_error", "store_unavailable"
+        f"the store shared by the gateway hosts is unavailable ({exc})", "unavailable_error", "store_unavailable"
     )
     return JSONResponse(body, status_code=503, headers={"retry-after": "1"})

@@ -93,6 +93,9 @@ class GatewayConfig:
     # image URLs on loopback and private addresses passed on to a backend that may fetch them
     # (vLLM does); link-local and metadata addresses are refused whatever this says
     private_image_urls: bool = False
+    health_interval: float = 5.0  # seconds between the background probes of each backend (upstreams.py)
+    # a request's model must name a backend, even on a one-backend gateway (else: any name reaches it)
+    strict_model_names: bool = False
 
     def __post_init__(self) -> None:
         if not self.backends:
@@ -134,6 +137,10 @@ class GatewayConfig:
             raise ConfigError("store_timeout must be > 0 and <= 30 seconds")
         if not (1 <= self.host_lease <= 10):
             raise ConfigError("host_lease must be between 1 and 10 seconds")
+        _check(self.health_interval, (int, float), "health_interval")
+        if not (0.5 <= self.health_interval <= 300):
+            raise ConfigError("health_interval must be between 0.5 and 300 seconds")
+        _check(self.strict_model_names, bool, "strict_model_names")
         _check(self.ui, bool, "ui")
         _check(self.access_log, bool, "access_log")
         _check(self.workers, int, "workers")
@@ -193,6 +200,8 @@ _SERVER_KEYS = {
     "store_timeout",
     "host_lease",
     "private_image_urls",
+    "health_interval",
+    "strict_model_names",
 }
 _BACKEND_KEYS = set(BackendConfig.__dataclass_fields__)
 

@@ -67,6 +67,7 @@ class Flight:
         self.queue_scope: anyio.CancelScope | None = None
         self.span: Any = None  # the request's SERVER span, when tracing is on
         self.finished = False  # the response is done: a late disconnect is not its stop
+        self.error: BaseException | None = None  # what failed it (upstreams.py reads a connect failure)
         self._loop = loop  # where a stop from another thread sends its bookkeeping
         self._claim_lock = threading.Lock()
 

@@ -22,6 +22,7 @@ from ..wires.chat_server import (
     as_written,
     chat_completion,
     error_body,
+    error_headers,
     generation_args,
     model_field,
     shaped_error,
@@ -107,8 +108,9 @@ async def whole_answer(
             await guarded_send_json(send, flight, *shaped_error(err, shape))
         return 499
     except Exception as err:
+        flight.error = err
         status, payload = shaped_error(err, shape)
-        await guarded_send_json(send, flight, status, payload)
+        await guarded_send_json(send, flight, status, payload, error_headers(err))
         return status
     await guarded_send_json(send, flight, 200, body)
     return 200
@@ -181,6 +183,7 @@ async def stream_answer(
             gateway.stop_recorded(flight, err)
             status, failed = 499, err
         except Exception as err:
+            flight.error = err
             status, failed = error_body(err)[0], err
         else:
             writer.start()
@@ -192,7 +195,7 @@ async def stream_answer(
             writer.finish(frames.failure(failed))
         else:
             writer.abandon()
-            await guarded_send_json(send, flight, *shaped_error(failed, shape))
+            await guarded_send_json(send, flight, *shaped_error(failed, shape), error_headers(failed))
     return status
 
 

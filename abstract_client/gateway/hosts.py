@@ -188,7 +188,9 @@ class Hosts:
             task = asyncio.current_task()
             if task is not None and task.cancelling():  # a cancel the client turned into its own error
                 raise asyncio.CancelledError from None
-            raise StoreUnavailable(f"the store did not answer: {type(exc).__name__}: {exc}"[:300]) from None
+            # what went wrong, once: whoever says it adds its own "the store did not answer"
+            why = f"{type(exc).__name__}: {exc}" if str(exc) else f"no answer within {timeout or self.timeout:g}s"
+            raise StoreUnavailable(why[:300]) from None
 
     async def _supervised(self, name: str, loop: Callable[[], Awaitable[None]]) -> None:
         """Run one of the host's loops for its life: a loop that fails is logged and started

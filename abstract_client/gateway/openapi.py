@@ -615,6 +615,33 @@ def _post(summary: str, body: dict[str, Any] | None, ok: dict[str, Any]) -> dict
     return {"post": operation}
 
 
+_REACH = {
+    "type": "object",
+    "required": ["state", "since"],
+    "properties": {
+        "state": {"enum": ["unknown", "up", "down", "in_process"]},
+        "since": {"type": "number"},
+        "url": {"type": "string"},
+        "error": {"type": "string"},
+        "members": {"type": "object", "additionalProperties": {"type": "string"}},
+    },
+}
+_HEALTH = {
+    "type": "object",
+    "required": ["status", "in_flight", "backends"],
+    "properties": {
+        "status": {"enum": ["starting", "ok", "degraded", "unavailable"]},
+        "in_flight": {"type": "integer", "minimum": 0},
+        "backends": {"type": "object", "additionalProperties": _REACH},
+        "store": {
+            "type": "object",
+            "required": ["state"],
+            "properties": {"state": {"enum": ["unknown", "up", "down"]}, "url": {"type": "string"}},
+        },
+    },
+}
+
+
 def _json_ok(description: str, schema: dict[str, Any] | None = None, *, frame: str | None = None) -> dict[str, Any]:
     content: dict[str, Any] = {"application/json": {"schema": schema or {"type": "object"}}}
     if frame is not None:
@@ -770,7 +797,21 @@ def openapi_document(*, ui: bool = False) -> dict[str, Any]:
                     "responses": {"200": _json_ok("the response as it ended", _ref("Response")), **_ERRORS},
                 }
             },
-            "/health": {"get": {"responses": {"200": _json_ok("alive")}}},
+            "/health": {
+                "get": {
+                    "summary": "liveness: 200 while the process serves; the body says what it can reach",
+                    "responses": {"200": _json_ok("the gateway's view of its backends and store", _HEALTH)},
+                }
+            },
+            "/ready": {
+                "get": {
+                    "summary": "readiness, for a load balancer: 200 when a request can be served, else 503",
+                    "responses": {
+                        "200": _json_ok("ok or degraded", _HEALTH),
+                        "503": _json_ok("starting or unavailable", _HEALTH),
+                    },
+                }
+            },
             "/metrics": {
                 "get": {
                     "responses": {

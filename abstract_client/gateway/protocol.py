@@ -1,4 +1,4 @@
-"""The gateway's HTTP/1.1 protocol: uvicorn's h11 protocol, with two things ASGI cannot give.
+"""The gateway's HTTP/1.1 protocol: uvicorn's h11 protocol, with three things ASGI cannot give.
 
 1. **The disconnect acts where it is seen.** Through ASGI, a client's disconnect travels
    ``connection_lost`` → an event → the watcher task's wake-up: three turns of the event loop,
@@ -7,7 +7,9 @@
    the request's watch (``departures.py``) in that same callback, and the upstream socket is
    shut down there. (Before them, the departure thread has usually done so already, without
    waiting for the loop: the protocol hands the app each request's client socket for it.)
-2. **Slowloris.** uvicorn has no header timeout: a connection that sends its headers one byte a
+2. **A client that left is not a WARNING.** Writes to a connection that broke are dropped
+   (:class:`_WritesUntilBroken`), not handed to asyncio, which logs each one.
+3. **Slowloris.** uvicorn has no header timeout: a connection that sends its headers one byte a
    second is held forever. A connection whose request head is not complete within
    ``header_timeout`` seconds (from its first byte, or from the connection) gets a 408 and is
    closed. (The body is bounded by the app: ``body_timeout``, see ``RequestIdAndAuth``.)
@@ -57,6 +59,7 @@ class GatewayProtocol(H11Protocol):
             state = self.cycle.scope.setdefault("state", {})
             state["client_socket"] = client_socket(self.transport)
             state["abort_connection"] = self._abort_connection
+            self.cycle.transport = _WritesUntilBroken(self.transport, self.cycle)  # type: ignore[assignment]
             if self._head_timer is not None:
                 self._head_timer.cancel()
                 self._head_timer = None
@@ -97,6 +100,30 @@ class GatewayProtocol(H11Protocol):
         cycle = self.cycle
         super().connection_lost(exc)
         self._tell_departure(cycle)  # severs the upstream now, in this callback
+
+
+class _WritesUntilBroken:
+    """A request's transport whose writes stop once the connection broke.
+
+    A write that meets a connection the client closed (EPIPE, a reset) closes the transport at
+    once, but the protocol hears of it (``connection_lost``) only a turn of the loop later; a
+    response that keeps writing meanwhile — a reader leaving an event replay writes dozens of
+    events in one turn — got ``WARNING asyncio: socket.send() raised exception.`` per write. A
+    client leaving is the normal case: its writes are dropped here, and its request marked
+    disconnected (uvicorn then drops the rest itself)."""
+
+    def __init__(self, transport: asyncio.Transport, cycle: Any) -> None:
+        self._transport = transport
+        self._cycle = cycle
+
+    def write(self, data: bytes) -> None:
+        if self._transport.is_closing():
+            self._cycle.disconnected = True
+            return
+        self._transport.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
 
 def protocol_class(header_timeout: float) -> type[GatewayProtocol]:

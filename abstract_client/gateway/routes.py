@@ -31,6 +31,7 @@ __all__ = [
     "metrics",
     "models",
     "openapi",
+    "ready",
     "stop_record",
 ]
 
@@ -76,7 +77,17 @@ async def models(request: Request) -> Response:
 
 
 async def health(request: Request) -> Response:
-    return JSONResponse({"status": "ok", "in_flight": len(_gateway(request).flights)})
+    """Liveness: 200 while the process serves, with the truth in the body (``status``, each
+    backend's reachability, the store's). A load balancer asks ``/ready``."""
+    detail = bool(request.scope["state"].get("key_accepted"))
+    return JSONResponse(_gateway(request).health(detail=detail))
+
+
+async def ready(request: Request) -> Response:
+    """Readiness: 200 when a request can be served (``ok`` or ``degraded``), else 503."""
+    detail = bool(request.scope["state"].get("key_accepted"))
+    body = _gateway(request).health(detail=detail)
+    return JSONResponse(body, 200 if body["status"] in ("ok", "degraded") else 503)
 
 
 async def metrics(request: Request) -> Response:

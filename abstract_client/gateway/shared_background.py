@@ -149,7 +149,7 @@ class SharedResponse:
             async for data in self.hosts.events(self.id, after):
                 yield data
         except StoreUnavailable as exc:
-            yield error_event("store_unavailable", str(exc))
+            yield error_event("store_unavailable", f"the store shared by the gateway hosts is unavailable ({exc})")
 
     async def snapshot(self) -> dict[str, Any]:
         meta = await self.hosts.meta(self.id)

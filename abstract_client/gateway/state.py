@@ -19,6 +19,7 @@ from .config import GatewayConfig
 from .flight import Backend, Flight
 from .hosts import Hosts, StoreUnavailable
 from .metrics import Metrics
+from .upstreams import Upstreams
 from .workers import Peers, answer_op
 
 __all__ = ["Backend", "Flight", "Gateway"]
@@ -31,6 +32,7 @@ class Gateway:
         self.config = config
         self.backends = {b.name: Backend(b, private_image_urls=config.private_image_urls) for b in config.backends}
         self.metrics = Metrics()
+        self.upstreams = Upstreams(self.backends.values(), interval=config.health_interval)
         self.flights: dict[str, Flight] = {}
         # the latest stops, by request id (GET /v1/requests/{id}: what the chat page shows)
         self.stop_records: OrderedDict[str, dict[str, Any]] = OrderedDict()
@@ -49,16 +51,45 @@ class Gateway:
             self.hosts = Hosts(config)
             self.hosts.on_op = lambda words: answer_op(self, words)
             self.background = SharedBackgroundStore(config, self.flights, self.metrics, self.stop_recorded, self.hosts)
+        self.background.on_finished = self.upstreams.finished
 
     def backend_for(self, model: Any, *, exact: bool = False) -> Backend | None:
         """The backend serving ``model``. A generation on a one-backend gateway reaches it by
-        any name; ``exact`` (model management: an unload stops other clients' calls) needs the
-        backend's own name."""
+        any name (clients that send a fixed name, Claude Code's ``claude-…``, just work), unless
+        ``strict_model_names``; ``exact`` (model management: an unload stops other clients'
+        calls) needs the backend's own name."""
         if isinstance(model, str) and model in self.backends:
             return self.backends[model]
-        if len(self.backends) == 1 and not exact:
+        if len(self.backends) == 1 and not exact and not self.config.strict_model_names:
             return next(iter(self.backends.values()))
         return None
+
+    def health(self, *, detail: bool) -> dict[str, Any]:
+        """What ``/health`` and ``/ready`` say: ``status`` is ``starting`` (a first probe has not
+        answered yet), ``unavailable`` (no backend can take a request, or the store shared by
+        the hosts does not answer), ``degraded`` (a backend is down, another serves) or ``ok``.
+        ``detail`` (a caller whose key was accepted): the addresses and the errors too."""
+        upstreams, hosts = self.upstreams, self.hosts
+        store_ok = None if hosts is None else hosts.store_ok
+        if not upstreams.settled() or (hosts is not None and store_ok is None):
+            status = "starting"
+        elif not upstreams.serving() or store_ok is False:
+            status = "unavailable"
+        elif any(v.state == "down" for v in upstreams.views.values()):
+            status = "degraded"
+        else:
+            status = "ok"
+        body: dict[str, Any] = {
+            "status": status,
+            "in_flight": len(self.flights),
+            "backends": {name: v.describe(detail=detail) for name, v in upstreams.views.items()},
+        }
+        if hosts is not None:
+            store: dict[str, Any] = {"state": {None: "unknown", True: "up", False: "down"}[store_ok]}
+            if detail:
+                store["url"] = hosts.where
+            body["store"] = store
+        return body
 
     def stop_all(self, reason: str = "shutdown") -> None:
         """Stop every request in flight (on the gateway's loop): each stream ends with an error
@@ -74,7 +105,8 @@ class Gateway:
 
     def _spawn(self, op: Coroutine[Any, Any, Any]) -> None:
         """Run ``op`` on the gateway's loop, from any thread, never waited on: a store that is
-        down or slow costs a warning, never a request its time."""
+        down or slow costs a request nothing. Its failure is a DEBUG line: the lease loop says
+        once that the store went, and once that it is back (``Hosts._reachable``)."""
         loop = self.loop
         if loop is None or loop.is_closed():
             op.close()
@@ -84,7 +116,7 @@ class Gateway:
             try:
                 await op
             except StoreUnavailable as exc:
-                log.warning("store: %s", exc)
+                log.debug("store: not written (%s)", exc)
 
         def start() -> None:
             task = loop.create_task(quietly())

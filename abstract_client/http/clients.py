@@ -27,6 +27,7 @@ import httpx
 from .._validate import check_base_url
 from ..stopping.loop import loop_key
 from .json_encode import encode_json, long_strings
+from .mapping import map_transport_error
 from .network import Network, NetworkSettings, resolve_network
 from .transport import GuardedTransport
 
@@ -145,6 +146,15 @@ class HttpClients:
         async with self.open(method, path, timeout=timeout, json=json, headers=headers) as response:
             await response.aread()
         return response
+
+    async def reach(self, timeout: float) -> None:
+        """Connect to the base URL's server as a call would, send nothing, close (see
+        :meth:`GuardedTransport.reach`); a failure is the typed error a call's connect raises
+        (``ConnectionFailedError``, ``TLSCertificateError``, ``ProxyError``, ...)."""
+        try:
+            await self._transport().reach(httpx.URL(self.base_url), timeout)
+        except httpx.HTTPError as exc:
+            raise map_transport_error(exc) from exc
 
     def _transport(self) -> GuardedTransport:
         client = self.get()

@@ -131,6 +131,15 @@ class GuardedTransport(httpx.AsyncBaseTransport):
         conn = await self._connect(request, origin, timeouts.get("connect"))
         return await self._exchange(conn, request, timeouts)
 
+    async def reach(self, url: httpx.URL, timeout: float | None) -> None:
+        """Open a connection to ``url``'s server as a request would (its proxy, its tunnel, its
+        TLS) and close it, sending nothing to the server: whether it can be reached, at the cost
+        of a connection it never sees a request on (the gateway's ``/health``)."""
+        port = url.port or (443 if url.scheme == "https" else 80)
+        origin: _Origin = (url.scheme, url.raw_host.decode("ascii"), port)
+        conn = await self._connect(httpx.Request("GET", url), origin, timeout)
+        await conn.aclose()
+
     async def _exchange(
         self, conn: _Connection, request: httpx.Request, timeouts: dict[str, float | None]
     ) -> httpx.Response:

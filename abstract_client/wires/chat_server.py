@@ -12,6 +12,7 @@ from typing import Any
 from .._validate import check_generation
 from ..errors import (
     AbstractClientError,
+    ConnectionFailedError,
     ContextOverflowError,
     GenerationCancelledError,
     GenerationTimeoutError,
@@ -32,6 +33,7 @@ __all__ = [
     "FrameEncoder",
     "chunk_frames",
     "error_body",
+    "error_headers",
     "generation_args",
     "model_field",
     "openai_error",
@@ -304,7 +306,10 @@ def error_body(err: BaseException) -> tuple[int, dict[str, Any]]:
     if isinstance(err, BadRequest):
         status, kind = 400, "invalid_request_error"
     elif isinstance(err, GenerationCancelledError):
-        status, kind, code = 499, "cancelled", err.reason
+        # the reason the stop was given (the gateway's: cancel_endpoint, shutdown, ...), as its
+        # stop record says; a stop without one says who stopped it (user, timeout, ...)
+        given = err.signal_reason
+        status, kind, code = 499, "cancelled", given if isinstance(given, str) and given else err.reason
     elif isinstance(err, GenerationTimeoutError):
         status, kind, code = 504, "timeout", err.kind
     elif isinstance(err, OutputValidationError):
@@ -319,6 +324,10 @@ def error_body(err: BaseException) -> tuple[int, dict[str, Any]]:
         status, kind = 400, "invalid_request_error"
     elif isinstance(err, RateLimitError):
         status, kind = 429, "rate_limit_error"
+    elif isinstance(err, ConnectionFailedError):
+        # nothing listens there, or nothing answered the connect: not an overload (a 503 or 529
+        # tells a client to come back soon), a bad gateway, said at once (error_headers)
+        status, kind, code = 502, "api_error", "upstream_unreachable"
     elif isinstance(err, ServerUnavailableError):
         status, kind = 503, "unavailable_error"
     elif isinstance(err, (ValueError, TypeError)):
@@ -330,6 +339,16 @@ def error_body(err: BaseException) -> tuple[int, dict[str, Any]]:
     if isinstance(err, AbstractClientError) and err.partial_text:
         body["error"]["partial_text"] = err.partial_text
     return status, body
+
+
+def error_headers(err: BaseException) -> list[tuple[bytes, bytes]]:
+    """Headers of an error answer: an unreachable upstream says ``x-should-retry: false``, which
+    openai-python and the anthropic SDK obey. Their retries within a second or two would meet
+    the same closed port, and keep the caller waiting for the error it will get anyway; the
+    gateway's ``/ready`` tells the load balancer, which sends the next request elsewhere."""
+    if isinstance(err, ConnectionFailedError):
+        return [(b"x-should-retry", b"false")]
+    return []
 
 
 def openai_error(message: str, kind: str, code: str | None = None) -> dict[str, Any]:

@@ -161,7 +161,9 @@ def messages_body(
     """The ``/v1/messages`` body of ``request`` (its sampling fields and ``extra`` included)."""
     system, messages = messages_input(request.messages)
     max_tokens = request.max_tokens or default_max_tokens
-    body: dict[str, Any] = {"model": request.model, "messages": messages, "max_tokens": max_tokens, "stream": stream}
+    # a lane without a model name (a single-model llama-server) still sends a string, as chat does
+    model = request.model or "default"
+    body: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": max_tokens, "stream": stream}
     if system:
         body["system"] = system
     if request.temperature is not None:
@@ -194,7 +196,7 @@ def count_tokens_body(request: GenerationRequest) -> dict[str, Any]:
     """The ``/v1/messages/count_tokens`` body (a raw prompt counts as one user turn)."""
     messages = request.messages or [{"role": "user", "content": request.prompt or ""}]
     system, turns = messages_input(messages)
-    body: dict[str, Any] = {"model": request.model, "messages": turns}
+    body: dict[str, Any] = {"model": request.model or "default", "messages": turns}
     if system:
         body["system"] = system
     return body
