@@ -652,6 +652,27 @@ async def test_a_large_running_set_never_delays_a_lease_nor_ends_a_live_response
         await live.aclose()
 
 
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_sweep_slower_than_a_lease_never_lapses_it(store: RedisServer) -> None:
+    """A sweep that takes two leases (a huge running set, a slow store): the lease is renewed on
+    a loop of its own meanwhile, so it never lapses. (Timing-free: the sweep is made slow here,
+    where the 20,000-entry test depends on how fast the machine sweeps.)"""
+    import asyncio
+
+    host = _hosts(store.url)
+
+    async def slow_sweep() -> None:
+        await asyncio.sleep(2 * LEASE)
+
+    host.sweep = slow_sweep  # type: ignore[method-assign]
+    await host.start()
+    try:
+        assert await _lapses([host], 2 * LEASE) == 0
+    finally:
+        await host.aclose()
+
+
 def test_a_listener_whose_connection_the_network_dropped_silently_resubscribes(
     upstream: FakeOpenAIServer, tmp_path: Path
 ) -> None:
