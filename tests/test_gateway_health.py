@@ -129,7 +129,12 @@ def test_a_reader_that_leaves_an_event_replay_is_no_warning(upstream: FakeOpenAI
 
 
 def _requests(gw: InProcessGateway, endpoint: str, status: int) -> int:
-    return int(gw.gateway.metrics.requests[("fake-model", endpoint, status)])
+    """The gateway's count of answered requests, once none runs (a request is counted just
+    after its answer is sent: the client may read before that)."""
+    metrics = gw.gateway.metrics
+    assert wait_until(lambda: metrics.running["fake-model"] == 0, 10), metrics.running
+    with metrics._lock:
+        return int(metrics.requests[("fake-model", endpoint, status)])
 
 
 @pytest.fixture

@@ -706,7 +706,9 @@ def test_a_listener_whose_connection_the_network_dropped_silently_resubscribes(
             upstream.wait_for_disconnect(record, timeout=10)
             assert record.tokens_sent < 100_000
         assert time.monotonic() - began < 40
-        assert "stopped deaf-1 backend=fake-model reason=cancel_endpoint" in a.log_text(), a.log_tail()
+        # the upstream sees the sever first (the stop's TELL step); A logs its stop record after
+        stopped = "stopped deaf-1 backend=fake-model reason=cancel_endpoint"
+        assert wait_until(lambda: stopped in a.log_text(), 10), a.log_tail()
         assert "the listener lost its connection" in a.log_text()
     finally:
         for host in hosts:
