@@ -79,15 +79,18 @@ async def models(request: Request) -> Response:
 async def health(request: Request) -> Response:
     """Liveness: 200 while the process serves, with the truth in the body (``status``, each
     backend's reachability, the store's). A load balancer asks ``/ready``."""
-    detail = bool(request.scope["state"].get("key_accepted"))
-    return JSONResponse(_gateway(request).health(detail=detail))
+    return JSONResponse(_health(request))
 
 
 async def ready(request: Request) -> Response:
     """Readiness: 200 when a request can be served (``ok`` or ``degraded``), else 503."""
-    detail = bool(request.scope["state"].get("key_accepted"))
-    body = _gateway(request).health(detail=detail)
+    body = _health(request)
     return JSONResponse(body, 200 if body["status"] in ("ok", "degraded") else 503)
+
+
+def _health(request: Request) -> dict[str, Any]:
+    """The gateway's view; the addresses and errors only for a caller whose key was accepted."""
+    return _gateway(request).health(detail=bool(request.scope["state"].get("key_accepted")))
 
 
 async def metrics(request: Request) -> Response:

@@ -103,7 +103,6 @@ class Upstreams:
         self.views = {b.name: View(b) for b in backends}
         self.interval = interval
         self.probe_timeout = min(5.0, interval)
-        self.probes = 0  # probes made (the evidence that /health sends none)
         self._tasks: set[asyncio.Task[None]] = set()
 
     def settled(self) -> bool:
@@ -150,7 +149,6 @@ class Upstreams:
         task.add_done_callback(self._tasks.discard)
 
     async def _probe(self, view: View) -> None:
-        self.probes += 1
         try:
             async with asyncio.timeout(self.probe_timeout):
                 failures: list[BaseException] = []
