@@ -49,6 +49,11 @@ READ_SIZE = 256 * 1024
 _Origin = tuple[str, str, int]
 
 
+def _origin(url: httpx.URL) -> _Origin:
+    """Where a connection for ``url`` goes: its scheme, host (IDNA-encoded, no brackets), port."""
+    return (url.scheme, url.raw_host.decode("ascii"), url.port or (443 if url.scheme == "https" else 80))
+
+
 class NoResponseError(httpx.RemoteProtocolError):
     """The connection failed (reset, closed, or the request could not be written) before a single
     byte of a response came: the server produced nothing anyone saw, so a fleet may send the
@@ -111,8 +116,7 @@ class GuardedTransport(httpx.AsyncBaseTransport):
         url = request.url
         if url.scheme not in ("http", "https"):
             raise httpx.UnsupportedProtocol(f"unsupported scheme {url.scheme!r}", request=request)
-        port = url.port or (443 if url.scheme == "https" else 80)
-        origin: _Origin = (url.scheme, url.raw_host.decode("ascii"), port)  # IDNA-encoded, no brackets
+        origin = _origin(url)
         timeouts: dict[str, float | None] = request.extensions.get("timeout", {})
         conn = await self._take_idle(origin)
         if conn is not None:
@@ -135,9 +139,7 @@ class GuardedTransport(httpx.AsyncBaseTransport):
         """Open a connection to ``url``'s server as a request would (its proxy, its tunnel, its
         TLS) and close it, sending nothing to the server: whether it can be reached, at the cost
         of a connection it never sees a request on (the gateway's ``/health``)."""
-        port = url.port or (443 if url.scheme == "https" else 80)
-        origin: _Origin = (url.scheme, url.raw_host.decode("ascii"), port)
-        conn = await self._connect(httpx.Request("GET", url), origin, timeout)
+        conn = await self._connect(httpx.Request("GET", url), _origin(url), timeout)
         await conn.aclose()
 
     async def _exchange(
