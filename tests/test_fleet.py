@@ -646,4 +646,5 @@ def test_status_right_after_a_stop_shows_the_call_gone(servers: list[FakeOpenAIS
                 await call()
             return [m["in_flight"] for m in fleet.status()["members"]]
 
-        assert anyio.run(stopped_by_a_cancelled_task) == [0, 0, 0]
+        for backend in ("asyncio", "trio"):
+            assert anyio.run(stopped_by_a_cancelled_task, backend=backend) == [0, 0, 0], backend
