@@ -34,6 +34,7 @@ class Press:
 
     def __init__(self, ready: Callable[[], object], press: Callable[[], object], timeout: float) -> None:
         self.at: float | None = None
+        self.pressed = threading.Event()  # set once ``press`` has returned
         self._ready, self._press, self._timeout = ready, press, timeout
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="press-when", daemon=True)
@@ -50,6 +51,7 @@ class Press:
                 if ready:
                     self.at = time.perf_counter()
                     self._press()
+                    self.pressed.set()
                     return
                 time.sleep(0.002)
         finally:
