@@ -107,6 +107,18 @@ def _three_fakes(tmp: pytest.TempPathFactory, home: Path) -> Iterator[Stage]:
         )
 
 
+@stage("docs/sdks.md")
+@contextlib.contextmanager
+def _fake_and_ollama(tmp: pytest.TempPathFactory, home: Path) -> Iterator[Stage]:
+    """llama-server's and Ollama's fakes at their documented addresses, 10 ms a token and
+    answers long enough that every Stop on the page lands mid-answer."""
+    with (
+        _fake(token_delay=0.01, default_max_tokens=2000) as llama,
+        FakeOllamaServer(token_delay=0.01, default_max_tokens=2000, models={"llama3.2": True}) as ollama,
+    ):
+        yield Stage(replace={"http://127.0.0.1:8080": llama.url, "http://127.0.0.1:11434": ollama.url})
+
+
 @stage("docs/images.md")
 @contextlib.contextmanager
 def _ollama(tmp: pytest.TempPathFactory, home: Path) -> Iterator[Stage]:
