@@ -115,8 +115,20 @@ class CallContext:
     clients: HttpClients | None = None
     connect_timeout: float | None = 10.0
     on_chunk: Callable[[StreamChunk], object] | None = None
-    trace_headers: dict[str, str] | None = None  # W3C trace context for the upstream (telemetry)
-    span_event: Callable[[str, dict[str, Any]], object] | None = None  # an event on the call's span (tracing on)
+    # the call's observers' own data (``Call.extensions``, as httpx's ``request.extensions``):
+    # telemetry's ``trace_headers`` (W3C trace context for the upstream) and ``span_event`` (an
+    # event on the call's span), read here, written there
+    extensions: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def trace_headers(self) -> dict[str, str] | None:
+        headers: dict[str, str] | None = self.extensions.get("trace_headers")
+        return headers
+
+    @property
+    def span_event(self) -> Callable[[str, dict[str, Any]], object] | None:
+        event: Callable[[str, dict[str, Any]], object] | None = self.extensions.get("span_event")
+        return event
 
     def report(self, chunk: StreamChunk) -> None:
         """For ``complete()`` of engines that produce text piecewise: record progress so that a
@@ -152,8 +164,9 @@ class CallContext:
         return self.clients
 
     def _traced(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        if self.trace_headers:
-            kwargs["headers"] = {**(kwargs.get("headers") or {}), **self.trace_headers}
+        trace = self.trace_headers
+        if trace:
+            kwargs["headers"] = {**(kwargs.get("headers") or {}), **trace}
         return kwargs
 
 

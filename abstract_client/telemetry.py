@@ -33,11 +33,10 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
-from .contract.lifecycle import Phase, observe
+from .contract.lifecycle import FINAL, Phase, observe
 from .provider import HttpProvider, Provider, RoutingProvider, engine_record, http_clients, served_by
 
 if TYPE_CHECKING:
-    from .provider import CallContext
     from .stopping.token import StopToken
     from .types import GenerationRequest
 
@@ -53,7 +52,6 @@ class TracedCall(Protocol):
     error_type: str | None
     t0: float
     token: StopToken
-    ctx: CallContext
     progress: Any
     wire_request: GenerationRequest
 
@@ -153,11 +151,14 @@ def _capture_content() -> bool:
 # -- watching the contract -------------------------------------------------------------------------
 
 
+_ENDS = frozenset(phase.value for phase in FINAL)
+
+
 def _watch(call: TracedCall, what: str, info: Mapping[str, Any]) -> None:
     """The lifecycle observer: a span from admission to release, a retry as its event."""
     if what == "admitted":
         start(call)
-    elif what == "released" and info["from"] is not Phase.BUILT:  # a call never admitted held nothing
+    elif what in _ENDS and info["from"] is not Phase.BUILT:  # a call never admitted held nothing
         end(call, clean=info["clean"])
     elif what == "retry":
         retried(call, info["error"], info["attempt"], info["delay"])
@@ -193,11 +194,11 @@ def start(call: TracedCall) -> None:
     kind = _otel_trace.SpanKind.CLIENT if remote else _otel_trace.SpanKind.INTERNAL
     span = tracer.start_span(f"{call.kind} {model}", kind=kind, attributes=attributes)
     call.extensions["telemetry.span"] = span
-    call.ctx.span_event = span.add_event  # a fleet's attempts, as events of this one span
+    call.extensions["span_event"] = span.add_event  # a fleet's attempts, as events of this one span
     if remote:  # W3C traceparent upstream: the server's spans join this trace
         headers: dict[str, str] = {}
         _otel_propagate.inject(headers, context=_otel_trace.set_span_in_context(span))
-        call.ctx.trace_headers = headers or None
+        call.extensions["trace_headers"] = headers or None
 
 
 _STATIC: weakref.WeakKeyDictionary[Provider, dict[str, Any]] = weakref.WeakKeyDictionary()
@@ -234,6 +235,7 @@ def end(call: TracedCall, *, clean: bool) -> None:
             pass
     if call.kind is None:
         return
+    call.extensions.pop("span_event", None)  # the span's own method: it goes with the span
     span, instruments = call.extensions.pop("telemetry.span", None), _meter_instruments()
     if span is None and instruments is None:
         return

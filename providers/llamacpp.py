@@ -27,12 +27,14 @@ import anyio
 import httpx
 
 from abstract_client.errors import NotSupportedError, ProviderProtocolError
+from abstract_client.http.chunk_decoder import SSEChunks
 from abstract_client.http.resume import resumed_bytes
-from abstract_client.http.wire import expect_stream, json_body, load_frame, sse_events
+from abstract_client.http.wire import load_frame, read_chunks
 from abstract_client.provider import CallContext, Completion, ModelInfo, UnloadReport
 from abstract_client.types import GenerationRequest, StreamChunk, Usage
-from abstract_client.wires.chat import response_format_field, resumable_sse_chunks, sampling_fields
+from abstract_client.wires.chat import CHAT, ChatChunks, reasoning_fields, response_format_field, sampling_fields
 from abstract_client.wires.timings import timings_from
+from abstract_client.wires.wire import Wire
 
 from .openai_compatible import STOP_REACH_S, OpenAICompatibleProvider, server_root
 
@@ -47,11 +49,9 @@ class LlamaCppProvider(OpenAICompatibleProvider):
     resumable_streams = True  # X-Conversation-Id, GET and DELETE /v1/stream
     complete_over_stream = True  # a stop reaches the server at its next token write
     default_base_url = "http://127.0.0.1:8080"
-    chat_path = "/v1/chat/completions"
-    models_path = "/v1/models"
-    ready_path = "/health"
-    embeddings_path = "/v1/embeddings"  # the server must run with --embeddings (and a --pooling)
     api_base = staticmethod(server_root)  # native routes (/slots, /tokenize) live beside /v1
+    v1 = "/v1"
+    ready_path = "/health"
 
     def __init__(self, *, base_url: str | None = None, headers: dict[str, str] | None = None, **kw: Any) -> None:
         if headers and _FORBIDDEN_HEADERS & {h.lower() for h in headers}:
@@ -93,38 +93,21 @@ class LlamaCppProvider(OpenAICompatibleProvider):
             self._tool_calls = bool(caps.get("supports_tool_calls")) if isinstance(caps, dict) else False
         return self._tool_calls
 
-    def responses_request_body(self, request: GenerationRequest, *, stream: bool) -> dict[str, Any]:
+    def wire_for(self, request: GenerationRequest) -> Wire:
+        return COMPLETION if request.raw else self.wire
+
+    def adjust(self, wire: Wire, body: dict[str, Any], request: GenerationRequest) -> None:
         """llama-server's ``/v1/responses`` converts the body to a chat request and drops
         ``text.format``: structured output goes in its chat field (passed through, honoured),
         and the reasoning switch as on chat."""
-        body = super().responses_request_body(request, stream=stream)
+        if wire.name != "responses":
+            return
         if request.response_format is not None:
             body.setdefault("response_format", response_format_field(request.response_format))
         if request.reasoning is not None:
-            body.setdefault("chat_template_kwargs", self.reasoning_fields(request.reasoning)["chat_template_kwargs"])
-        return body
+            body.setdefault("chat_template_kwargs", reasoning_fields(request.reasoning)["chat_template_kwargs"])
 
-    # -- raw completion (/completion) -------------------------------------------------------------
-
-    def completion_body(self, request: GenerationRequest, *, stream: bool) -> dict[str, Any]:
-        body: dict[str, Any] = {"prompt": request.prompt or "", "stream": stream, "cache_prompt": True}
-        body.update(sampling_fields(request, max_tokens_key="n_predict"))
-        if request.response_format is not None:  # the native field: a grammar built from the schema
-            body["json_schema"] = request.response_format.schema or {"type": "object"}
-        body.update(self.extra_body)
-        body.update(request.extra)
-        return body
-
-    def stream(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
-        if request.resumable:
-            return self._stream_resumable(request, ctx)
-        if request.raw:
-            return self._stream_raw(request, ctx)
-        return super().stream(request, ctx)
-
-    async def _stream_resumable(
-        self, request: GenerationRequest, ctx: CallContext
-    ) -> AsyncGenerator[StreamChunk, None]:
+    async def stream_resumable(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
         """A chat stream that outlives its connection: ``X-Conversation-Id`` makes llama-server
         keep its bytes (and keep decoding) past a disconnect; a drop is resumed from the byte we
         had (``GET /v1/stream?conv_id=…&from=N``). So a stop must tell the server itself:
@@ -136,7 +119,7 @@ class LlamaCppProvider(OpenAICompatibleProvider):
                 "resumable streams are chat streams on llama-server (not raw=True)", provider=self.name
             )
         conv_id = f"abstract-client-{ctx.request_id}-{uuid.uuid4().hex[:8]}"
-        body = self.chat_body(request, stream=True)
+        path, body = self.route(CHAT, request), self.body(CHAT, request, stream=True)
         headers = {**(self.call_headers(ctx) or {}), "X-Conversation-Id": conv_id}
 
         def cancel() -> None:
@@ -144,7 +127,7 @@ class LlamaCppProvider(OpenAICompatibleProvider):
 
         with self._cancels.unless_finished(ctx.token, cancel) as finished:
             parts = resumed_bytes(
-                lambda: ctx.stream("POST", self.chat_path, json=body, headers=headers),
+                lambda: ctx.stream("POST", path, json=body, headers=headers),
                 lambda offset: ctx.stream(
                     "GET", f"/v1/stream?{httpx.QueryParams(conv_id=conv_id, **{'from': offset})}"
                 ),
@@ -152,34 +135,9 @@ class LlamaCppProvider(OpenAICompatibleProvider):
                 token=ctx.token,
                 provider=self.name,
             )
-            async for chunk in resumable_sse_chunks(parts):
+            async for chunk in read_chunks(parts, ChatChunks()):
                 yield chunk
             finished()
-
-    async def _stream_raw(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
-        body = self.completion_body(request, stream=True)
-        async with ctx.stream("POST", "/completion", json=body, headers=self.call_headers(ctx)) as resp:
-            await expect_stream(resp)
-            async for event in sse_events(resp):
-                frame = load_frame(event.data)
-                if not isinstance(frame, dict):
-                    raise ProviderProtocolError(f"unexpected /completion frame: {event.data[:200]!r}")
-                chunk = _native_chunk(frame)
-                yield chunk
-                if frame.get("stop") is True:
-                    return
-        raise ProviderProtocolError("the /completion stream ended before its final frame (stop: true)")
-
-    async def complete(self, request: GenerationRequest, ctx: CallContext) -> Completion:
-        if not request.raw:
-            return await super().complete(request, ctx)
-        body = self.completion_body(request, stream=False)
-        resp = await ctx.request("POST", "/completion", json=body, headers=self.call_headers(ctx))
-        body = json_body(resp)
-        if not isinstance(body, dict) or not isinstance(body.get("content"), str):
-            raise ProviderProtocolError(f"unexpected /completion body: {str(body)[:200]}")
-        chunk = _native_chunk(body)
-        return Completion.from_chunk(chunk, raw=body)
 
     # -- tokens ------------------------------------------------------------------------------------
 
@@ -278,3 +236,38 @@ def _native_chunk(frame: dict[str, Any]) -> StreamChunk:
         model=frame.get("model") if isinstance(frame.get("model"), str) else None,
         raw=frame,
     )
+
+
+class _CompletionChunks(SSEChunks):
+    """``/completion``'s frames, without ``[DONE]``: the last one has ``"stop": true``."""
+
+    cut = "the /completion stream ended before its final frame (stop: true)"
+
+    def event(self, event: Any) -> list[StreamChunk]:
+        frame = load_frame(event.data)
+        if not isinstance(frame, dict):
+            raise ProviderProtocolError(f"unexpected /completion frame: {event.data[:200]!r}")
+        self.finished = self.done = frame.get("stop") is True
+        return [_native_chunk(frame)]
+
+
+def _completion_body(request: GenerationRequest, stream: bool) -> dict[str, Any]:
+    body: dict[str, Any] = {"prompt": request.prompt or "", "stream": stream, "cache_prompt": True}
+    body.update(sampling_fields(request, max_tokens_key="n_predict"))
+    if request.response_format is not None:  # the native field: a grammar built from the schema
+        body["json_schema"] = request.response_format.schema or {"type": "object"}
+    body.update(request.extra)
+    return body
+
+
+def _whole_completion(body: Any) -> Completion:
+    if not isinstance(body, dict) or not isinstance(body.get("content"), str):
+        raise ProviderProtocolError(f"unexpected /completion body: {str(body)[:200]}")
+    return Completion.from_chunk(_native_chunk(body), raw=body)
+
+
+# llama-server's raw route (``raw=True`` takes it: no chat template), from the server's root
+NATIVE: frozenset[str] = frozenset()
+COMPLETION = Wire(
+    "llamacpp-completion", "/completion", _completion_body, _CompletionChunks, _whole_completion, frozenset()
+)

@@ -6,8 +6,8 @@
 * The final object's ``done_reason``, ``prompt_eval_count``, ``eval_count`` and nanosecond
   durations become ``finish_reason``, usage and timings (ms).
 * ``raw=True`` with a plain prompt uses ``/api/generate`` with ``raw: true`` (no template).
-* ``use_openai_api=True`` uses Ollama's ``/v1/chat/completions`` instead (the openai wire code);
-  ``wire="responses"`` its ``/v1/responses`` (the Responses wire code).
+* ``wire="chat"`` (or ``use_openai_api=True``) uses Ollama's ``/v1/chat/completions`` instead,
+  ``wire="responses"`` its ``/v1/responses``, ``wire="messages"`` its ``/v1/messages``.
 * Where the stop takes effect: Ollama ≥ 0.30 proxies to llama-server, so a closed connection
   stops streaming, non-streaming and prefill (at the next batch). Before 0.30 the Go runner
   finishes prompt evaluation first: the caller gets the stop at once, the server keeps computing
@@ -18,30 +18,28 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
 from types import MappingProxyType
 from typing import Any
 
 import anyio
 
 from abstract_client.errors import ProviderProtocolError, ServerUnavailableError
-from abstract_client.http.wire import expect_stream, json_body, ndjson_objects, raise_if_error
+from abstract_client.http.wire import json_body, raise_if_error
 from abstract_client.images import url_refused
-from abstract_client.provider import CallContext, Completion, EmbeddingBatch, ModelInfo, UnloadReport
-from abstract_client.types import GenerationRequest, StreamChunk, Usage
-from abstract_client.wires.chat import sampling_fields
-from abstract_client.wires.ollama import chunk_from, native_messages, tool_calls_from
+from abstract_client.provider import CallContext, EmbeddingBatch, ModelInfo, UnloadReport
+from abstract_client.types import GenerationRequest, Usage
+from abstract_client.wires.ollama import OLLAMA
+from abstract_client.wires.wire import Wire
 
 from .openai_compatible import OpenAICompatibleProvider, server_root
-
-_PASSTHROUGH = ("keep_alive", "format", "think", "tools", "truncate", "images", "suffix", "system", "template")
 
 
 class OllamaProvider(OpenAICompatibleProvider):
     """The ``ollama`` lane: Ollama's native NDJSON routes (see the module docstring)."""
 
     name = "ollama"
-    complete_over_stream = True  # a stop reaches the server at its next token write
+    families = frozenset({"v1", "ollama"})
+    default_wire = "ollama"
     call_options = MappingProxyType(
         {
             "options": "Ollama's native options object (merged under the sampling fields)",
@@ -54,50 +52,27 @@ class OllamaProvider(OpenAICompatibleProvider):
         }
     )
     default_base_url = "http://127.0.0.1:11434"
-    chat_path = "/v1/chat/completions"
     api_base = staticmethod(server_root)  # the native /api routes live beside /v1
-    models_path = "/v1/models"
+    v1 = "/v1"
     ready_path = "/"
-    embeddings_path = "/v1/embeddings"
 
     def __init__(
-        self, *, base_url: str | None = None, use_openai_api: bool = False, unload_poll_timeout: float = 30.0, **kw: Any
+        self,
+        *,
+        base_url: str | None = None,
+        wire: str | None = None,
+        use_openai_api: bool = False,
+        unload_poll_timeout: float = 30.0,
+        **kw: Any,
     ) -> None:
-        super().__init__(base_url=base_url, **kw)
-        self.use_openai_api = use_openai_api or self.wire != "chat"  # the Responses and Messages wires are /v1's
+        super().__init__(base_url=base_url, wire=wire or ("chat" if use_openai_api else None), **kw)
         self.unload_poll_timeout = unload_poll_timeout
 
-    def native_body(self, request: GenerationRequest, *, stream: bool) -> tuple[str, dict[str, Any]]:
-        extra = dict(request.extra)
-        options: dict[str, Any] = dict(extra.pop("options", None) or {})
-        options.update(sampling_fields(request, max_tokens_key="num_predict"))
-        for key in ("num_ctx", "top_k", "top_p", "min_p", "repeat_penalty"):
-            if key in extra:
-                options[key] = extra.pop(key)
-        body: dict[str, Any] = {"model": request.model, "stream": stream}
-        if request.raw:
-            path = "/api/generate"
-            body.update(prompt=request.prompt or "", raw=True)
-        else:
-            path = "/api/chat"
-            body["messages"] = native_messages(request.messages)
-            if request.tools and request.tool_choice != "none":
-                body["tools"] = request.tools
-        if request.response_format is not None:
-            body["format"] = request.response_format.schema or "json"
-        if request.reasoning is not None:
-            body["think"] = request.reasoning
-        if options:
-            body["options"] = options
-        for key in _PASSTHROUGH:
-            if key in extra:
-                body[key] = extra.pop(key)
-        body.update(self.extra_body)
-        body.update(extra)
-        return path, body
+    def wire_for(self, request: GenerationRequest) -> Wire:
+        return OLLAMA if request.raw else self.wire  # a raw prompt: /api/generate (no template)
 
     async def images_refused(self, request: GenerationRequest) -> str | None:
-        return None if self.use_openai_api and not request.raw else url_refused(request.messages, self.name)
+        return None if self.wire_for(request) is not OLLAMA else url_refused(request.messages, self.name)
 
     async def native_tools(self, request: GenerationRequest) -> bool:
         """Ollama parses calls itself but cannot force one (no ``tool_choice``): a forced call is
@@ -106,44 +81,12 @@ class OllamaProvider(OpenAICompatibleProvider):
             return False
         return request.tool_choice in (None, "auto", "none")
 
-    def stream(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
-        if self.use_openai_api and not request.raw:
-            return super().stream(request, ctx)
-        return self._stream_native(request, ctx)
-
-    async def _stream_native(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
-        path, body = self.native_body(request, stream=True)
-        n_calls = 0  # Ollama sends whole calls, each list indexed from 0: number them across lines
-        async with ctx.stream("POST", path, json=body) as resp:
-            await expect_stream(resp)
-            async for obj in ndjson_objects(resp):
-                raise_if_error(obj)
-                chunk = chunk_from(obj)
-                pieces = tool_calls_from(obj, n_calls)
-                n_calls += len(pieces)
-                for piece in pieces:
-                    yield StreamChunk(tool_call=piece, raw=obj)
-                yield chunk
-                if obj.get("done") is True:
-                    return
-        raise ProviderProtocolError("the Ollama stream ended before its final object (done: true)")
-
-    async def complete(self, request: GenerationRequest, ctx: CallContext) -> Completion:
-        if self.use_openai_api and not request.raw:
-            return await super().complete(request, ctx)
-        path, body = self.native_body(request, stream=False)
-        obj = json_body(await ctx.request("POST", path, json=body))
-        raise_if_error(obj)
-        completion = Completion.from_chunk(chunk_from(obj), raw=obj)
-        completion.tool_calls = tool_calls_from(obj, 0)
-        return completion
-
     async def embed(
         self, texts: list[str], ctx: CallContext, *, model: str | None, dimensions: int | None = None
     ) -> EmbeddingBatch:
         """Native ``/api/embed`` (all-or-nothing per request on Ollama's side: a stop loses only
         the batch in flight, the contract keeps the earlier ones)."""
-        if self.use_openai_api:
+        if self.wire is not OLLAMA:
             return await super().embed(texts, ctx, model=model, dimensions=dimensions)
         body: dict[str, Any] = {"model": model, "input": texts}
         if dimensions is not None:

@@ -17,33 +17,22 @@ from __future__ import annotations
 
 import logging
 
-from abstract_client.errors import NotSupportedError
 from abstract_client.provider import CallContext, UnloadReport
-from abstract_client.types import GenerationRequest
 
-from .vllm import VLLMProvider
+from .vllm import VLLMFlavour
 
 log = logging.getLogger(__name__)
 
 
-class RemoteProvider(VLLMProvider):
-    """The ``remote`` lane: another abstract-client gateway, whose cancel route is called on a stop."""
+class RemoteProvider(VLLMFlavour):
+    """The ``remote`` lane: another abstract-client gateway (vLLM's flavour of the OpenAI API),
+    whose cancel route is called on a stop and whose admin routes load and unload."""
 
     name = "remote"
-
-    # resumable=True: with wire="responses", a background response the gateway holds (its own
-    # ids); the chat wire has none
-    resumable_streams = False
-    names_responses = False
+    default_base_url = "http://127.0.0.1:8000/v1"
 
     def call_headers(self, ctx: CallContext) -> dict[str, str] | None:
         return {"X-Request-Id": ctx.request_id}
-
-    async def native_tools(self, request: GenerationRequest) -> bool:
-        return True
-
-    async def count_tokens(self, request: GenerationRequest) -> int:
-        raise NotSupportedError("the gateway has no tokenize route", provider=self.name)
 
     def on_cancel(self, request_id: str) -> None:
         """Called by ``LLM.cancel`` after our side was severed: tell the gateway too. The stopping

@@ -20,94 +20,59 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import Callable
 from types import MappingProxyType
 from typing import Any
 
 from abstract_client.errors import NotSupportedError, ProviderProtocolError
-from abstract_client.http.wire import json_body, poll_until_ready
-from abstract_client.provider import CallContext, Completion, UnloadReport
+from abstract_client.http.wire import poll_until_ready
+from abstract_client.provider import Completion, UnloadReport
 from abstract_client.types import GenerationRequest, StreamChunk
-from abstract_client.wires.chat import openai_sse_chunks, sampling_fields, usage_from
+from abstract_client.wires.chat import ChatChunks, sampling_fields, usage_from
+from abstract_client.wires.wire import Wire
 
 from .openai_compatible import OpenAICompatibleProvider, server_root
 
 
-class VLLMProvider(OpenAICompatibleProvider):
+class VLLMFlavour(OpenAICompatibleProvider):
+    """vLLM's flavour of the OpenAI API (served by vLLM and by an abstract-client gateway): the
+    routes under ``{root}/v1`` with ``/health`` beside them, ``raw=True`` on ``/v1/completions``,
+    and ``json_schema=`` as a shortcut for a JSON-schema answer on every wire."""
+
+    api_base = staticmethod(lambda base_url: server_root(base_url) + "/v1")  # /tokenize, /health beside /v1
+    call_options = MappingProxyType({"json_schema": "a JSON schema for the answer (vLLM's guided decoding)"})
+
+    def __init__(self, *, base_url: str | None = None, **kw: Any) -> None:
+        super().__init__(base_url=base_url, **kw)
+        self.root = server_root(self.clients.base_url)
+
+    def wire_for(self, request: GenerationRequest) -> Wire:
+        return TEXT_COMPLETIONS if request.raw else self.wire
+
+    def adjust(self, wire: Wire, body: dict[str, Any], request: GenerationRequest) -> None:
+        schema = body.pop("json_schema", None)
+        if schema is not None:
+            _SCHEMA_FIELD.get(wire.name, _response_format)(body, schema)
+
+    async def wait_ready(self, timeout: float) -> None:
+        await poll_until_ready(self.clients.get(), f"{self.root}/health", timeout, provider=self.name)
+
+
+class VLLMProvider(VLLMFlavour):
     """The ``vllm`` lane: vLLM's OpenAI server (see the module docstring)."""
 
     name = "vllm"
-    complete_over_stream = True  # a stop reaches the server at its next token write
     # resumable=True: a Responses API background response (whatever the lane's wire; the
     # server needs VLLM_ENABLE_RESPONSES_API_STORE=1), named by our request_id
     resumable_streams = True
     names_responses = True
-    api_base = staticmethod(lambda base_url: server_root(base_url) + "/v1")  # /tokenize, /health beside /v1
-    call_options = MappingProxyType({"json_schema": "a JSON schema for the answer (vLLM's guided decoding)"})
     default_base_url = "http://127.0.0.1:8000/v1"
-
-    def __init__(self, *, base_url: str | None = None, **kw: Any) -> None:
-        super().__init__(base_url=base_url, **kw)
-        self.root = server_root(self.clients.base_url if self.clients else "")
-
-    def _extra(self, request: GenerationRequest) -> dict[str, Any]:
-        extra = dict(request.extra)
-        schema = extra.pop("json_schema", None)
-        if schema is not None:
-            extra["response_format"] = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
-        return extra
-
-    def chat_body(self, request: GenerationRequest, *, stream: bool) -> dict[str, Any]:
-        body = super().chat_body(request, stream=stream)
-        body.pop("json_schema", None)
-        body.update(self._extra(request))
-        return body
-
-    def responses_request_body(self, request: GenerationRequest, *, stream: bool) -> dict[str, Any]:
-        body = super().responses_request_body(request, stream=stream)
-        schema = body.pop("json_schema", None)
-        if schema is not None:
-            body["text"] = {"format": {"type": "json_schema", "name": "answer", "schema": schema}}
-        return body
-
-    def completions_body(self, request: GenerationRequest, *, stream: bool) -> dict[str, Any]:
-        body: dict[str, Any] = {"model": request.model, "prompt": request.prompt or "", "stream": stream}
-        if stream:
-            body["stream_options"] = {"include_usage": True}
-        body.update(sampling_fields(request))
-        if request.response_format is not None:
-            body["structured_outputs"] = {"json": request.response_format.schema or {"type": "object"}}
-        body.update(self.extra_body)
-        body.update(self._extra(request))
-        return body
 
     async def native_tools(self, request: GenerationRequest) -> bool:
         """Chat: vLLM parses calls itself, and guides ``"required"`` and named choices for any
         model (``"auto"`` needs ``--enable-auto-tool-choice``: a typed ``NotSupportedError``).
         A raw completion has no template, so a forced call is carried as structured output."""
         return not request.raw
-
-    def stream(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
-        if request.resumable or not request.raw:
-            return super().stream(request, ctx)
-        body = self.completions_body(request, stream=True)
-        return openai_sse_chunks(
-            ctx.stream("POST", "/completions", json=body, headers=self.call_headers(ctx)), _text_chunk
-        )
-
-    async def complete(self, request: GenerationRequest, ctx: CallContext) -> Completion:
-        if not request.raw:
-            return await super().complete(request, ctx)
-        body = json_body(
-            await ctx.request(
-                "POST",
-                "/completions",
-                json=self.completions_body(request, stream=False),
-                headers=self.call_headers(ctx),
-            )
-        )
-        chunk = _text_chunk(body)
-        return Completion.from_chunk(chunk, raw=body)
 
     async def count_tokens(self, request: GenerationRequest) -> int:
         """vLLM's ``/tokenize`` (chat template applied to messages, with the generation prompt)."""
@@ -130,9 +95,29 @@ class VLLMProvider(OpenAICompatibleProvider):
             model=self.model,
         )
 
-    async def wait_ready(self, timeout: float) -> None:
-        assert self.clients is not None
-        await poll_until_ready(self.clients.get(), f"{self.root}/health", timeout, provider=self.name)
+
+def _response_format(body: dict[str, Any], schema: Any) -> None:
+    body["response_format"] = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+
+
+# where each wire carries a JSON schema for the answer (chat and /v1/completions: response_format)
+_SCHEMA_FIELD: dict[str, Callable[[dict[str, Any], Any], None]] = {
+    "responses": lambda body, schema: body.update(
+        text={"format": {"type": "json_schema", "name": "answer", "schema": schema}}
+    ),
+    "messages": lambda body, schema: body.update(output_format={"type": "json_schema", "schema": schema}),
+}
+
+
+def _completions_body(request: GenerationRequest, stream: bool) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": request.model, "prompt": request.prompt or "", "stream": stream}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    body.update(sampling_fields(request))
+    if request.response_format is not None:
+        body["structured_outputs"] = {"json": request.response_format.schema or {"type": "object"}}
+    body.update(request.extra)
+    return body
 
 
 def _text_chunk(obj: Any) -> StreamChunk:
@@ -151,3 +136,13 @@ def _text_chunk(obj: Any) -> StreamChunk:
         model=obj.get("model") if isinstance(obj.get("model"), str) else None,
         raw=obj,
     )
+
+
+# vLLM's raw route (not a dialect a lane is asked for by name: ``raw=True`` takes it)
+TEXT_COMPLETIONS = Wire(
+    "completions",
+    "/completions",
+    _completions_body,
+    lambda: ChatChunks(_text_chunk),
+    lambda body: Completion.from_chunk(_text_chunk(body), raw=body),
+)

@@ -123,7 +123,7 @@ def test_the_public_api_is_all_and_only_all() -> None:
         assert getattr(abstract_client, name, None) is not None, name
     public = {n for n in vars(abstract_client) if not n.startswith("_")}
     subpackages = {"app", "contract", "errors", "fleet", "gateway", "http", "llm", "output", "provider", "registry"}
-    subpackages |= {"images", "providers", "sdk", "stopping", "telemetry", "testing", "types", "wires"}
+    subpackages |= {"http_lane", "images", "providers", "sdk", "stopping", "telemetry", "testing", "types", "wires"}
     assert public - exported - subpackages - {"annotations", "logging"} == set()
 
 

@@ -1,6 +1,7 @@
-"""A call's lifecycle is one table (contract/lifecycle.py): every move is checked against it,
-real calls walk it, observers see every move and cannot change a call, and nothing outside the
-contract writes a call."""
+"""A call's lifecycle is one table that drives it (contract/lifecycle.py): every (phase, event)
+pair is the table's or refused, real calls walk it, ADMITTED means what its row says when
+observers hear of it, observers cannot change a call, and nothing outside the contract writes a
+call (in any form)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 
 from abstract_client import GenerationCancelledError, create_llm
 from abstract_client.contract.call import Call, CallSpec
-from abstract_client.contract.lifecycle import MOVES, LifecycleError, Phase, _observers, observe
+from abstract_client.contract.lifecycle import FINAL, TRANSITIONS, Event, LifecycleError, Phase, _observers, observe
 from abstract_client.contract.retry import RetryPolicy
 from abstract_client.stopping.token import InflightRegistry, StopToken
 from abstract_client.testing import FakeOpenAIServer
@@ -33,30 +34,55 @@ def _bare_call() -> Call:
 
 
 @pytest.mark.parametrize("left", list(Phase))
-@pytest.mark.parametrize("to", list(Phase))
-def test_every_move_is_the_tables(left: Phase, to: Phase, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("event", list(Event))
+def test_every_pair_is_the_tables(left: Phase, event: Event, monkeypatch: pytest.MonkeyPatch) -> None:
     from abstract_client.contract import lifecycle
 
     monkeypatch.setattr(lifecycle, "_observers", [])  # a bare call: no span, no log context
+    monkeypatch.setattr(lifecycle, "ACTIONS", {})  # the table alone: nothing held or let go
     call = _bare_call()
     call._phase = left
-    if to in MOVES[left]:
-        call.move(to, clean=True)
+    to = TRANSITIONS.get((left, event))
+    if to is not None:
+        call.handle(event, clean=True)
         assert call.phase is to
     else:
         with pytest.raises(LifecycleError):
-            call.move(to, clean=True)
+            call.handle(event, clean=True)
         assert call.phase is left
 
 
 def test_the_table_is_documented_and_closed() -> None:
     from abstract_client.contract import lifecycle
 
-    assert set(MOVES) == set(Phase)
-    assert all(to in Phase for moves in MOVES.values() for to in moves)
-    assert MOVES[Phase.RELEASED] == frozenset()  # released is the end
+    assert {left for left, _ in TRANSITIONS} | set(TRANSITIONS.values()) == set(Phase)
+    assert all(left not in FINAL for left, _ in TRANSITIONS)  # an outcome is the end
+    assert set(lifecycle.ACTIONS) <= set(TRANSITIONS)
     for phase in Phase:  # the module's table names every phase
         assert f"\n{phase.name} " in (lifecycle.__doc__ or "")
+
+
+def test_admitted_means_what_its_row_says_when_observers_hear_of_it() -> None:
+    """Listed in flight, its stop sources bound, its socket guard made — before the move is
+    announced: an event set by the observer at that moment is already the call's stop, so
+    nothing is sent."""
+    seen: list[tuple[bool, bool, bool]] = []
+    stop = threading.Event()
+
+    def at_admission(call: Any, what: str, info: Mapping[str, Any]) -> None:
+        if what == "admitted":
+            stop.set()
+            seen.append((call.request_id in call.registry.ids(), call.token.is_set, call.guard is not None))
+
+    observe(at_admission)
+    try:
+        with FakeOpenAIServer() as server, create_llm("llamacpp", base_url=server.base_url) as llm:
+            with pytest.raises(GenerationCancelledError):
+                llm.generate("hi", cancel_event=stop, request_id="row")
+            assert server.records == [] and llm.in_flight == []
+    finally:
+        _observers.remove(at_admission)
+    assert seen == [(True, True, True)]
 
 
 @pytest.fixture
@@ -80,10 +106,10 @@ def _is_a_walk(moves: list[str]) -> bool:
         if what == "retry":
             continue
         to = Phase(what)
-        if to not in MOVES[phase]:
+        if to not in {TRANSITIONS[pair] for pair in TRANSITIONS if pair[0] is phase}:
             return False
         phase = to
-    return phase is Phase.RELEASED
+    return phase in FINAL
 
 
 def test_real_calls_walk_the_table(walks: dict[str, list[str]]) -> None:
@@ -103,11 +129,11 @@ def test_real_calls_walk_the_table(walks: dict[str, list[str]]) -> None:
         press.wait()
         server.inject("status_502")  # retryable: one retry event, then the answer
         llm.generate("hi", max_tokens=2, request_id="retried")
-    assert walks["done"] == ["admitted", "prepared", "released"]
+    assert walks["done"] == ["admitted", "prepared", "answered", "completed"]
     assert walks["preset"] == ["admitted", "released"]
     assert walks["dropped"] == ["released"]
     assert walks["stopped"] == ["admitted", "prepared", "released"]
-    assert walks["retried"] == ["admitted", "prepared", "retry", "released"]
+    assert walks["retried"] == ["admitted", "prepared", "retry", "answered", "completed"]
     assert all(_is_a_walk(moves) for moves in walks.values()), walks
 
 
@@ -122,23 +148,50 @@ def test_an_observer_that_fails_changes_nothing(walks: dict[str, list[str]]) -> 
             assert llm.in_flight == []
     finally:
         _observers.remove(broken)
-    assert walks["x"] == ["admitted", "prepared", "released"]
+    assert walks["x"] == ["admitted", "prepared", "answered", "completed"]
+
+
+def _rooted_at_call(node: ast.expr) -> bool:
+    """``call``, ``call.x``, ``call.ctx.x``, ``call.progress.parts[0]``: an expression reaching
+    into a call (``call.extensions[...]`` is the observers' own dict, and excepted; ``call[...]``
+    is some other ``call``: a Call has no items)."""
+    first: ast.expr = node
+    while isinstance(node, ast.Attribute | ast.Subscript):
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute):
+            if node.value.attr == "extensions":
+                return False
+        first, node = node, node.value
+    return isinstance(node, ast.Name) and node.id == "call" and not isinstance(first, ast.Subscript)
+
+
+def _writes(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign | ast.Delete):
+            targets = node.targets if isinstance(node, ast.Assign | ast.Delete) else [node.target]
+            for target in targets:
+                for part in target.elts if isinstance(target, ast.Tuple | ast.List) else [target]:
+                    if isinstance(part, ast.Attribute | ast.Subscript) and _rooted_at_call(part):
+                        yield node.lineno, ast.unparse(part)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr", "delattr"):
+            if node.args and _rooted_at_call(node.args[0]):
+                yield node.lineno, ast.unparse(node)
+
+
+def test_the_write_guard_sees_every_form() -> None:
+    code = (
+        "call.x = 1\ncall.ctx.x = 1\ncall.progress.parts[0] = 'a'\ncall.t0 += 1\na, call.y = 1, 2\n"
+        "setattr(call, 'x', 1)\nsetattr(call.ctx, 'x', 1)\ndel call.guard\ncall.extensions['k'] = 1\n"
+    )
+    assert sorted(line for line, _ in _writes(ast.parse(code))) == [1, 2, 3, 4, 5, 6, 7, 8]
 
 
 def test_nothing_outside_the_contract_writes_a_call() -> None:
-    """A call's fields are written by the contract only (abstract_client/contract/); others
-    read, or keep their own data in ``call.extensions`` (a dict the observer owns)."""
+    """A call's fields — and its context's, its progress's — are written by the contract only
+    (abstract_client/contract/); others read, or keep their own data in ``call.extensions``
+    (a dict the observer owns)."""
     found = []
     for path in [*(ROOT / "abstract_client").rglob("*.py"), *(ROOT / "providers").rglob("*.py")]:
         if "contract" in path.relative_to(ROOT).parts:
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
-            for target in targets:
-                if (
-                    isinstance(target, ast.Attribute)
-                    and isinstance(target.value, ast.Name)
-                    and target.value.id == "call"
-                ):
-                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}: call.{target.attr} = ...")
+        found += [f"{path.relative_to(ROOT)}:{line}: {what}" for line, what in _writes(ast.parse(path.read_text()))]
     assert found == []

@@ -1,22 +1,25 @@
-"""Rules 1 and 2: admission and release.
+"""Rules 1 and 2: admission and release — the lifecycle's ``ADMIT`` and ``RELEASE`` moves and
+their actions (``lifecycle.py``).
 
-``admit`` is the only place a call starts holding anything: it listens to the caller's stop
-sources, makes the socket guard, and registers the call in flight (so ``cancel(id)``,
-``cancel_all()`` and an eject reach it). A stop that is already set is raised here, before a byte
-is sent. ``release`` undoes all of it, once, synchronously (a dropped stream's ``__del__`` calls
-it), on every exit path.
+``admit`` is the only place a call starts holding anything: it registers the call in flight (so
+``cancel(id)``, ``cancel_all()`` and an eject reach it), listens to the caller's stop sources and
+makes the socket guard, then enters ``ADMITTED``. A stop that is already set is raised here,
+before a byte is sent. ``release`` undoes all of it, once, synchronously (a dropped stream's
+``__del__`` calls it), on every exit path.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
+from typing import Any
 
 import anyio
 
 from ..http.guard import SocketGuard
 from ..provider import HttpProvider
 from .call import Call
-from .lifecycle import Phase
+from .lifecycle import FINAL, Event, Phase, acts_on
 from .translate import cancelled
 
 __all__ = ["admit", "admit_now", "release", "unlist"]
@@ -37,14 +40,19 @@ async def admit(call: Call) -> None:
 def admit_now(call: Call) -> None:
     """Register the call in flight, listen to its stop sources, make its socket guard; a stop already
     set raises here, before anything is sent."""
+    call.handle(Event.ADMIT)  # observers start watching (telemetry: the span), ended by release
+    if call.token.is_set:  # rule 1: nothing is sent
+        release(call)
+        raise cancelled(call)
+
+
+@acts_on((Phase.BUILT, Event.ADMIT))
+def _hold(call: Call, info: Mapping[str, Any]) -> None:
+    """What ``ADMITTED`` holds, taken before the call is announced there."""
     token, spec = call.token, call.spec
     call.registry.add(token)  # a duplicate request id raises here, before anything is held
     call.t0 = time.perf_counter()
-    call.move(Phase.ADMITTED)  # observers start watching (telemetry: the span), ended by release
     token.bind(cancel_event=spec.cancel_event, signal=spec.signal)
-    if token.is_set:  # rule 1: nothing is sent
-        release(call)
-        raise cancelled(call)
     if isinstance(call.provider, HttpProvider):  # its stop severs the call's socket
         call.guard = SocketGuard()
         call.guard.register(token)
@@ -61,17 +69,18 @@ def unlist(call: Call) -> None:
 def release(call: Call, *, clean: bool = False) -> None:
     """Idempotent and synchronous. ``clean``: the call read its answer to the end, so its
     connection is idle and may serve the next call; otherwise it is severed."""
-    if call.phase is Phase.RELEASED:
-        return
-    if call.phase is Phase.BUILT:  # never admitted: it holds nothing
-        call.move(Phase.RELEASED, clean=clean)
-        return
+    if call.phase not in FINAL:
+        call.handle(Event.RELEASE, clean=clean)
+
+
+@acts_on(*((phase, Event.RELEASE) for phase in (Phase.ADMITTED, Phase.PREPARED, Phase.ANSWERED)))
+def _let_go(call: Call, info: Mapping[str, Any]) -> None:
+    """What every held phase lets go of (a BUILT call holds nothing: its release has no action)."""
     guard = call.guard
     if guard is not None:
-        if clean and not call.token.is_set:
+        if info["clean"] and not call.token.is_set:
             guard.detach()
         else:
             guard.sever()
     unlist(call)
     call.token.release()
-    call.move(Phase.RELEASED, clean=clean)

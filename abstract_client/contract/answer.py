@@ -21,7 +21,7 @@ from ..output.fallback import ToolFallback
 from ..output.structured import call_schema, check_tool_call, forced_tools, parse_output
 from ..types import ResponseFormat
 from .call import Call
-from .lifecycle import Phase
+from .lifecycle import Event, Phase
 from .translate import attach
 
 __all__ = ["finish_output", "prepare"]
@@ -31,7 +31,7 @@ async def prepare(call: Call) -> None:
     """Decide, once per call, what the provider is sent (see the module docstring)."""
     if call.phase is not Phase.ADMITTED:  # prepared once (a retry keeps it)
         return
-    call.move(Phase.PREPARED)
+    call.handle(Event.PREPARE)
     request = call.spec.request
     if has_images(request.messages):
         refused = await call.provider.images_refused(request)

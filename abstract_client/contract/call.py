@@ -16,7 +16,7 @@ from ..output.tool_calls import ToolCallAssembler
 from ..provider import CallContext, Provider, http_clients
 from ..stopping.token import InflightRegistry, StopToken
 from ..types import GenerationRequest, StreamChunk, Timeout, Timings, ToolCall, ToolCallDelta, Usage
-from .lifecycle import MOVES, LifecycleError, Phase, notify
+from .lifecycle import ACTIONS, TRANSITIONS, Event, LifecycleError, Phase, notify
 from .retry import RetryPolicy
 
 __all__ = ["Call", "CallSpec", "Progress"]
@@ -51,7 +51,7 @@ class Progress:
     finish_reason: str | None = None
     first_chunk_at: float | None = None  # perf_counter
     last_chunk_at: float | None = None  # perf_counter
-    completed_at: float | None = None  # perf_counter when the answer was judged complete (rule 7)
+    completed_at: float | None = None  # perf_counter of rule 7's judgement (the outcome is the call's phase)
     vectors: list[list[float]] | None = None  # embedding calls: the vectors finished so far
     reasoning_parts: list[str] = field(default_factory=list)
     tools: ToolCallAssembler = field(default_factory=ToolCallAssembler)
@@ -187,6 +187,7 @@ class Call:
             clients=http_clients(spec.provider),
             connect_timeout=spec.timeout.connect,
             on_chunk=self.progress.record,
+            extensions=self.extensions,  # what observers add to the call's requests (trace context)
         )
 
     def __repr__(self) -> str:
@@ -200,11 +201,16 @@ class Call:
     def phase(self) -> Phase:
         return self._phase
 
-    def move(self, to: Phase, **info: Any) -> None:
-        """Take the move ``phase -> to`` the lifecycle table allows, then tell the observers."""
+    def handle(self, event: Event, **info: Any) -> None:
+        """Drive the call by the lifecycle table: the move's action (which may refuse it by
+        raising: the phase is then unchanged), the move, then the observers."""
         left = self._phase
-        if to not in MOVES[left]:
-            raise LifecycleError(f"{self.request_id}: {left.value} -> {to.value} is not a move of a call")
+        to = TRANSITIONS.get((left, event))
+        if to is None:
+            raise LifecycleError(f"{self.request_id}: {event.value} in {left.value} is not a move of a call")
+        action = ACTIONS.get((left, event))
+        if action is not None:
+            action(self, info)
         self._phase = to
         notify(self, to.value, **{"from": left, **info})
 

@@ -1,21 +1,26 @@
-"""A call's lifecycle: its phases and the moves between them, in one table (as h11 keeps its
-connection states).
+"""A call's lifecycle: its phases, and one table that drives them (as h11 drives a connection:
+``(phase, event) -> next phase``, and the action the move takes).
 
-=========  ==========================================================  ===========================
-phase      what the call holds                                         moved there by
-=========  ==========================================================  ===========================
-BUILT      nothing: no stop source listened to, no socket, not listed  ``Call(...)``
-ADMITTED   listed in flight, its stop sources bound, its socket guard  ``admission.admit_now``
-PREPARED   the request the lane is sent is fixed (a forced tool call    ``answer.prepare``
-           on a lane without tool calling: rewritten)
-RELEASED   nothing again (the guard severed or detached, unlisted)     ``admission.release``
-=========  ==========================================================  ===========================
+==========  ===========================================================  ========================
+phase       what the call holds                                          entered by the event
+==========  ===========================================================  ========================
+BUILT       nothing: no stop source listened to, no socket, not listed   ``Call(...)``
+ADMITTED    listed in flight, its stop sources bound, its socket guard   ``ADMIT`` (admission.py)
+PREPARED    the request the lane is sent is fixed (a forced tool call    ``PREPARE`` (answer.py)
+            on a lane without tool calling: rewritten)
+ANSWERED    a whole answer, judged so by rule 7; still held              ``ANSWER`` (translate.py)
+COMPLETED   nothing again, after a whole answer                          ``RELEASE`` of ANSWERED
+RELEASED    nothing again, without one (stopped, failed, abandoned)      ``RELEASE`` of the others
+==========  ===========================================================  ========================
 
-A call built and dropped without being iterated goes BUILT → RELEASED. Every move is checked
-against :data:`MOVES`; a move the table does not allow is a bug in the contract
-(:class:`LifecycleError`), never silently taken. Observers (telemetry) are told of each move,
-and of each retry, after it happened: they watch the rules, they are not called from inside them.
-An observer that fails is logged and ignored — it never changes what the caller gets.
+The outcome is the final phase: COMPLETED or RELEASED. :data:`TRANSITIONS` is every move;
+:data:`ACTIONS` what a move does, registered by the module that owns it (admission takes its
+hold on ``ADMIT`` and lets go on ``RELEASE``), and run *before* the phase is entered, so a phase
+means what its row says when observers hear of it. An event the table has no row for is a bug
+in the contract (:class:`LifecycleError`), never silently taken. Observers (telemetry) are told
+of each move, and of each retry, after it happened: they read the moves, they write nothing on
+the call (their own data goes in ``call.extensions``). An observer that fails is logged and
+ignored — it never changes what the caller gets.
 """
 
 from __future__ import annotations
@@ -25,7 +30,18 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["MOVES", "LifecycleError", "Observer", "Phase", "notify", "observe"]
+__all__ = [
+    "ACTIONS",
+    "FINAL",
+    "TRANSITIONS",
+    "Event",
+    "LifecycleError",
+    "Observer",
+    "Phase",
+    "acts_on",
+    "notify",
+    "observe",
+]
 
 log = logging.getLogger(__name__)
 
@@ -34,24 +50,54 @@ class Phase(enum.Enum):
     BUILT = "built"
     ADMITTED = "admitted"
     PREPARED = "prepared"
+    ANSWERED = "answered"
+    COMPLETED = "completed"
     RELEASED = "released"
 
 
-MOVES: Mapping[Phase, frozenset[Phase]] = {
-    Phase.BUILT: frozenset({Phase.ADMITTED, Phase.RELEASED}),
-    Phase.ADMITTED: frozenset({Phase.PREPARED, Phase.RELEASED}),
-    Phase.PREPARED: frozenset({Phase.RELEASED}),
-    Phase.RELEASED: frozenset(),
+class Event(enum.Enum):
+    ADMIT = "admit"
+    PREPARE = "prepare"
+    ANSWER = "answer"
+    RELEASE = "release"
+
+
+TRANSITIONS: Mapping[tuple[Phase, Event], Phase] = {
+    (Phase.BUILT, Event.ADMIT): Phase.ADMITTED,
+    (Phase.BUILT, Event.RELEASE): Phase.RELEASED,
+    (Phase.ADMITTED, Event.PREPARE): Phase.PREPARED,
+    (Phase.ADMITTED, Event.ANSWER): Phase.ANSWERED,  # an embedding or a model operation: nothing to prepare
+    (Phase.ADMITTED, Event.RELEASE): Phase.RELEASED,
+    (Phase.PREPARED, Event.ANSWER): Phase.ANSWERED,
+    (Phase.PREPARED, Event.RELEASE): Phase.RELEASED,
+    (Phase.ANSWERED, Event.RELEASE): Phase.COMPLETED,
 }
+FINAL = frozenset({Phase.COMPLETED, Phase.RELEASED})  # the outcomes: a call there holds nothing, for good
+
+# action(call, info): what a move does (``info``: what the event knows, e.g. ``clean`` on release)
+Action = Callable[[Any, Mapping[str, Any]], None]
+ACTIONS: dict[tuple[Phase, Event], Action] = {}
+
+
+def acts_on(*moves: tuple[Phase, Event]) -> Callable[[Action], Action]:
+    """Register the decorated function as what each of ``moves`` does."""
+
+    def register(action: Action) -> Action:
+        for move in moves:
+            assert move in TRANSITIONS, move
+            ACTIONS[move] = action
+        return action
+
+    return register
 
 
 class LifecycleError(RuntimeError):
     """A move the lifecycle table does not allow (a bug in the contract, not in the caller's use)."""
 
 
-# observer(call, what, info): ``what`` is the phase moved to ("admitted", "prepared",
-# "released") or "retry"; ``info`` what the move knows (``from``: the phase left; ``clean`` on
-# release; ``error``, ``attempt``, ``delay`` on a retry)
+# observer(call, what, info): ``what`` is the phase moved to (its value: "admitted", ...,
+# "completed", "released") or "retry"; ``info`` what the move knows (``from``: the phase left;
+# ``clean`` on release; ``error``, ``attempt``, ``delay`` on a retry)
 Observer = Callable[[Any, str, Mapping[str, Any]], None]
 _observers: list[Observer] = []
 

@@ -29,8 +29,8 @@ __all__ = ["GenerationStream", "Source", "open_source"]
 
 log = logging.getLogger(__name__)
 
-_OPEN = frozenset({Phase.ADMITTED, Phase.PREPARED})  # the call holds a connection (or an engine job)
-_STATE = {Phase.BUILT: "new", Phase.ADMITTED: "open", Phase.PREPARED: "open", Phase.RELEASED: "done"}
+_OPEN = frozenset({Phase.ADMITTED, Phase.PREPARED, Phase.ANSWERED})  # it holds a connection (or an engine job)
+_STATE = {Phase.BUILT: "new", **dict.fromkeys(_OPEN, "open"), Phase.COMPLETED: "done", Phase.RELEASED: "done"}
 Source = AsyncGenerator[StreamChunk, None]
 _PULL_END_S = 10.0  # a close waits this long, at most, for another task's pull to end
 
@@ -105,7 +105,7 @@ class GenerationStream:
 
     def result(self) -> GenerateResult:
         """The whole answer, once the stream has ended (``RuntimeError`` before)."""
-        if self._call.phase is not Phase.RELEASED or self._call.progress.completed_at is None:
+        if self._call.phase is not Phase.COMPLETED:
             raise RuntimeError("the stream has not finished")
         return result_of(self._call)
 

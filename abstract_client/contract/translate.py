@@ -19,6 +19,7 @@ from ..errors import AbstractClientError, GenerationCancelledError, ProviderProt
 from ..http.mapping import map_transport_error
 from ..provider import engine_record, served_by
 from .call import Call
+from .lifecycle import Event
 
 __all__ = [
     "SyncStop",
@@ -142,4 +143,7 @@ def judge_complete(call: Call) -> bool:
     """Rule 7, the final decision: stamp the instant, then ask the stop sources themselves. True
     means the answer is complete; False means a stop was requested first (and it wins)."""
     call.progress.completed_at = time.perf_counter()
-    return not call.token.requested()
+    if call.token.requested():
+        return False
+    call.handle(Event.ANSWER)
+    return True

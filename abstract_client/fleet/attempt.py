@@ -67,7 +67,7 @@ class Attempt:
             request_id=call_ctx.request_id,
             clients=self.clients,
             connect_timeout=call_ctx.connect_timeout,
-            trace_headers=call_ctx.trace_headers,
+            extensions=call_ctx.extensions,
         )
         parent = call_ctx.token
         self._parent = parent

@@ -292,7 +292,7 @@ class FleetProvider(RoutingProvider):
             m = member.llm.provider.model if model == self.model else model
             sub = CallContext(
                 token=ctx.token, request_id=ctx.request_id, clients=http_clients(member.llm.provider),
-                connect_timeout=ctx.connect_timeout, trace_headers=ctx.trace_headers,
+                connect_timeout=ctx.connect_timeout, extensions=ctx.extensions,
             )  # fmt: skip
             self._mark(ctx.request_id, member)
             return await member.llm.provider.embed(texts, sub, model=m, dimensions=dimensions)

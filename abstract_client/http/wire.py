@@ -1,4 +1,5 @@
-"""Reading HTTP responses for the lanes: error statuses, JSON bodies, SSE and NDJSON streams.
+"""Reading HTTP responses for the lanes: error statuses, JSON bodies, and the one read loop
+(:func:`read_chunks`) that drives any wire's sans-io decoder over a streamed answer.
 
 Shared by every HTTP provider so each of them is only field mapping.
 """
@@ -7,16 +8,19 @@ from __future__ import annotations
 
 import contextvars
 import json
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import httpx
 
 from ..errors import ProviderProtocolError, ServerUnavailableError
 from .mapping import decode_json_body, error_from_frame, error_from_response, parse_error_body
-from .ndjson import NDJSONDecoder
-from .sse import SSEDecoder, SSEEvent
+
+if TYPE_CHECKING:
+    from ..types import StreamChunk
+    from .chunk_decoder import ChunkDecoder
 
 MAX_ERROR_BODY = 64 * 1024
 
@@ -80,23 +84,40 @@ def json_body(resp: httpx.Response) -> Any:
     return body
 
 
-async def sse_events(resp: httpx.Response) -> AsyncIterator[SSEEvent]:
-    """The SSE events of a streaming response. A stream cut inside a frame is a protocol error."""
-    decoder = SSEDecoder()
-    async for part in resp.aiter_bytes():
-        for event in decoder.feed(part):
-            yield event
-    decoder.end()  # a whole frame never ends without its blank line
+async def read_chunks(
+    source: AbstractAsyncContextManager[httpx.Response] | AsyncGenerator[bytes, None], decoder: ChunkDecoder
+) -> AsyncGenerator[StreamChunk, None]:
+    """The one read loop: an answer's bytes through a wire's sans-io ``decoder`` (a fresh one per
+    answer), chunk by chunk, up to its final frame (then the rest of the body is drained, so the
+    connection goes back to the pool) or the end of its bytes (``decoder.end()`` says whether the
+    answer was whole). ``source`` is the request's ``ctx.stream(...)`` unopened, or the bytes of
+    an answer that spans connections (``http.resume.resumed_bytes``: one decoder across all of
+    them, so a frame cut by a drop is completed by the resumed connection).
+
+    This is the lane's stream itself, not wrapped in another generator: the gateway pays this
+    path for every upstream chunk."""
+    async with _bytes_of(source) as parts:
+        async for part in parts:
+            for chunk in decoder.feed(part):
+                yield chunk
+            if decoder.done:
+                await drain(parts)
+                return
+    for chunk in decoder.end():
+        yield chunk
 
 
-async def ndjson_objects(resp: httpx.Response) -> AsyncIterator[Any]:
-    """The JSON objects of an NDJSON response body, as they arrive (Ollama's stream)."""
-    decoder = NDJSONDecoder()
-    async for part in resp.aiter_bytes():
-        for obj in decoder.feed(part):
-            yield obj
-    for obj in decoder.close():
-        yield obj
+@asynccontextmanager
+async def _bytes_of(
+    source: AbstractAsyncContextManager[httpx.Response] | AsyncGenerator[bytes, None],
+) -> AsyncIterator[AsyncIterator[bytes]]:
+    if isinstance(source, AsyncGenerator):
+        async with aclosing(source):
+            yield source
+        return
+    async with source as resp:
+        await expect_stream(resp)
+        yield resp.aiter_bytes()
 
 
 DRAIN_SECONDS = 0.25
@@ -186,10 +207,9 @@ __all__ = [
     "drain",
     "json_body",
     "load_frame",
-    "ndjson_objects",
     "poll_until_ready",
     "expect_stream",
     "raise_if_error",
+    "read_chunks",
     "single_probe",
-    "sse_events",
 ]

@@ -17,25 +17,24 @@ once that SDK is loaded the error also derives from that class (``stop_error_cla
 from __future__ import annotations
 
 import itertools
-import json
 import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 import anyio
 import httpx
 
 from ..errors import GenerationCancelledError
+from ..http.chunk_decoder import ChunkDecoder
 from ..http.guard import SocketGuard, current_guard
-from ..http.ndjson import NDJSONDecoder
-from ..http.sse import SSEDecoder
 from ..http.transport import GuardedTransport
 from ..stopping.abort import AbortSignal
 from ..stopping.event_hook import on_set
 from ..stopping.loop import loop_caller
 from ..stopping.token import StopToken, reason_from_signal
+from ..wires.ollama import OLLAMA
+from ..wires.wire import WIRES, Wire
 from .binding import Binding
 
 __all__ = ["Exchange", "cancel", "stop_error_class"]
@@ -90,7 +89,7 @@ class Exchange:
         self.guard.register(self.token)
         self.received = 0  # body bytes received
         self._held = bytearray()
-        self._decoder: SSEDecoder | NDJSONDecoder | None = None
+        self._decoder: ChunkDecoder | None = None  # the answer's wire's, for the text a stop keeps
         self._text: list[str] = []
         self._unbinds: list[Callable[[], None]] = []
         self._listed = binding.request_id is not None
@@ -145,15 +144,19 @@ class Exchange:
             finally:
                 current_guard.reset(reset)
                 remove()
-            self._watch(response.headers.get("content-type", ""))
+            self._watch(request.url.path, response.headers.get("content-type", ""))
             return response
         raise self.stop_error()  # the scope took its own cancel: the stop's
 
-    def _watch(self, content_type: str) -> None:
+    def _watch(self, path: str, content_type: str) -> None:
+        """A stream in a dialect the library speaks is decoded by that wire's own decoder (Ollama's
+        NDJSON on either of its routes), only when a stop wants its text."""
+        wire: Wire | None = None
         if content_type.startswith("text/event-stream"):
-            self._decoder = SSEDecoder()
+            wire = next((w for w in WIRES.values() if path.endswith(w.path)), None)
         elif content_type.startswith(("application/x-ndjson", "application/jsonl")):
-            self._decoder = NDJSONDecoder()
+            wire = OLLAMA
+        self._decoder = None if wire is None else wire.decoder()
 
     async def body(self, response: httpx.Response) -> AsyncIterator[bytes]:
         """The response's raw body, piece by piece; a stop raises :meth:`stop_error`."""
@@ -199,48 +202,12 @@ class Exchange:
         return err
 
     def _decode(self) -> None:
-        """The text the held bytes carry (chat, Responses, Messages, Ollama); bad bytes end it."""
+        """The text the held bytes carry; bad bytes end it (a partial text is a courtesy)."""
         held, self._held = bytes(self._held), bytearray()
         decoder = self._decoder
         if decoder is None or not held:
             return
         try:
-            items = decoder.feed(held)
-        except Exception:  # a partial text is a courtesy: a stream that breaks the wire gives none
+            self._text.extend(chunk.delta for chunk in decoder.feed(held))
+        except Exception:  # a stream that breaks its wire (or an error frame) gives no more
             self._decoder = None
-            return
-        for item in items:
-            text = _text_of(item.data if hasattr(item, "data") else item)
-            if text:
-                self._text.append(text)
-
-
-def _text_of(item: Any) -> str:
-    """The answer text one stream item carries, in the dialects the library speaks."""
-    if isinstance(item, str):
-        if not item.startswith("{"):
-            return ""
-        try:
-            item = json.loads(item)
-        except ValueError:
-            return ""
-    if not isinstance(item, dict):
-        return ""
-    choices = item.get("choices")
-    if isinstance(choices, list) and choices and isinstance(choices[0], dict):  # chat completions
-        delta = choices[0].get("delta")
-        return _str(delta.get("content")) if isinstance(delta, dict) else ""
-    kind = item.get("type")
-    if kind == "response.output_text.delta":  # Responses
-        return _str(item.get("delta"))
-    if kind == "content_block_delta":  # Messages
-        delta = item.get("delta")
-        return _str(delta.get("text")) if isinstance(delta, dict) and delta.get("type") == "text_delta" else ""
-    message = item.get("message")  # Ollama's /api/chat
-    if isinstance(message, dict):
-        return _str(message.get("content"))
-    return _str(item.get("response"))  # Ollama's /api/generate
-
-
-def _str(value: Any) -> str:
-    return value if isinstance(value, str) else ""

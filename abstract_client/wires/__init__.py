@@ -3,9 +3,11 @@
 The client side of a wire maps the library's request (``GenerationRequest``) to the protocol's
 body and the protocol's answer (frames, events, a whole body) to the library's types
 (``StreamChunk``, ``Completion``), and nothing else: no connection, no retry, no stop (the
-contract does those). Every decoder turns any malformed input into ``ProviderProtocolError``
-(fuzzed: ``tests/test_wires.py``). A lane is a server's quirks plus the wires it serves
-(``providers/``): a new wire is a module here, and a lane that serves it declares it.
+contract does those). Each module ends in its dialect as a value (``wire.py``: a ``Wire``,
+registered when its module is imported: the import line below is the registry). Every decoder
+turns any malformed input into ``ProviderProtocolError`` (fuzzed: ``tests/test_wires.py``). A
+lane is a server's quirks plus the families of wires it serves (``http_lane.py``,
+``providers/``): a new wire is a module here and one registry entry; no lane is touched.
 
 The server side (``*_server``) is what the gateway speaks: a request body checked and turned
 into the library's call (``BadRequest`` for what it refuses), the library's answer encoded as
@@ -33,5 +35,8 @@ server side           route of the gateway
 ``messages_server``   ``/v1/messages``, ``/v1/messages/count_tokens``
 ====================  ======================================================
 """
+
+# the built-in dialects: importing a module registers its wire (in this order)
+from . import chat, responses, messages, ollama, lmstudio  # noqa: F401, I001
 
 __all__: list[str] = []

@@ -4,36 +4,36 @@ Sans-io: the request's pieces in the wire's form (:func:`sampling_fields`,
 :func:`wire_messages`, :func:`response_format_field`) and the answer's frames as the library's
 types (:func:`chat_chunks` for a ``chat.completion.chunk``, :func:`completion_from` for a whole
 ``chat.completion``, :func:`embeddings_from`). Every malformed frame is a
-``ProviderProtocolError`` (fuzzed: ``tests/test_wires.py``). :func:`openai_sse_chunks` and
-:func:`resumable_sse_chunks` read those frames from an answer the lane opened (the SSE decoder
-is sans-io too); the lane adds its server's quirks (``providers/openai_compatible.py``).
+``ProviderProtocolError`` (fuzzed: ``tests/test_wires.py``). :data:`CHAT` is the wire as a value
+(``wire.py``): its body (:func:`chat_body`) and its stream decoder (:class:`ChatChunks`, driven
+by ``http.wire.read_chunks``); a lane adds its server's quirks (``adjust``).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, Callable
-from contextlib import AbstractAsyncContextManager, aclosing
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
-import httpx
-
 from ..errors import ProviderProtocolError
-from ..http.sse import SSEDecoder
-from ..http.wire import drain, expect_stream, load_frame
+from ..http.chunk_decoder import SSEChunks
+from ..http.wire import load_frame
 from ..provider import Completion, EmbeddingBatch
 from ..types import GenerationRequest, Message, ResponseFormat, StreamChunk, ToolCall, ToolCallDelta, Usage
 from .timings import timings_from
+from .wire import Wire, register
 
 __all__ = [
+    "CHAT",
+    "ChatChunks",
+    "chat_body",
     "chat_chunks",
     "completion_from",
     "embeddings_from",
-    "openai_sse_chunks",
+    "reasoning_fields",
     "reasoning_of",
     "response_format_field",
-    "resumable_sse_chunks",
     "sampling_fields",
     "tool_pieces",
     "usage_from",
@@ -204,53 +204,58 @@ def embeddings_from(obj: Any) -> EmbeddingBatch:
     )
 
 
-async def openai_sse_chunks(
-    opening: AbstractAsyncContextManager[httpx.Response], mapping: Callable[[Any], StreamChunk] | None = None
-) -> AsyncGenerator[StreamChunk, None]:
-    """Chunks of an OpenAI-style SSE stream (chat chunks, or another ``mapping`` such as
-    ``/v1/completions`` text chunks), ending at ``[DONE]``. A stream that ends without ``[DONE]``
-    is accepted only if a finish_reason was seen; else it was cut short.
+class ChatChunks(SSEChunks):
+    """A chat-completions stream (or another ``mapping`` of its frames, such as ``/v1/completions``
+    text chunks), ending at ``[DONE]``; one that ends without it is whole only if a
+    ``finish_reason`` came."""
 
-    Takes the request's ``ctx.stream(...)`` unopened and is itself the provider's stream: the
-    decoder is driven here, not through ``sse_events`` or a wrapping generator, so a chunk passes
-    through one async generator (the gateway pays this path for every upstream chunk)."""
-    finished = False
-    decoder = SSEDecoder()
-    async with opening as resp:
-        await expect_stream(resp)
-        parts = resp.aiter_bytes()
-        async for part in parts:
-            for event in decoder.feed(part):
-                if event.data.strip() == "[DONE]":
-                    await drain(parts)
-                    return
-                frame = load_frame(event.data)
-                for chunk in chat_chunks(frame) if mapping is None else [mapping(frame)]:
-                    finished = finished or chunk.finish_reason is not None
-                    yield chunk
-    decoder.end()
-    if not finished:
-        raise ProviderProtocolError("the stream ended before its final frame ([DONE] or a finish_reason)")
+    cut = "the stream ended before its final frame ([DONE] or a finish_reason)"
+
+    def __init__(self, mapping: Callable[[Any], StreamChunk] | None = None) -> None:
+        super().__init__()
+        self._mapping = mapping
+
+    def feed(self, data: bytes) -> Iterator[StreamChunk]:
+        # one loop, no call per event: the gateway pays this path for every upstream chunk
+        mapping = self._mapping
+        for event in self._sse.feed(data):
+            if event.data.strip() == "[DONE]":
+                self.done = True
+                return
+            frame = load_frame(event.data)
+            for chunk in chat_chunks(frame) if mapping is None else (mapping(frame),):
+                if chunk.finish_reason is not None:
+                    self.finished = True
+                yield chunk
 
 
-async def resumable_sse_chunks(parts: AsyncGenerator[bytes, None]) -> AsyncGenerator[StreamChunk, None]:
-    """:func:`openai_sse_chunks` over a resumable stream's bytes (``http.resume.resumed_bytes``):
-    one decoder across every connection the answer took, so a frame cut by a drop is completed
-    by the bytes the resumed connection brings."""
-    finished = False
-    decoder = SSEDecoder()
-    async with aclosing(parts):
-        async for part in parts:
-            for event in decoder.feed(part):
-                if event.data.strip() == "[DONE]":
-                    await drain(parts)
-                    return
-                for chunk in chat_chunks(load_frame(event.data)):
-                    finished = finished or chunk.finish_reason is not None
-                    yield chunk
-    decoder.end()
-    if not finished:
-        raise ProviderProtocolError("the stream ended before its final frame ([DONE] or a finish_reason)")
+def reasoning_fields(reasoning: bool | str) -> dict[str, Any]:
+    """The chat template's ``enable_thinking`` switch (Qwen3-style templates on llama-server and
+    vLLM), and ``reasoning_effort`` for a level."""
+    fields: dict[str, Any] = {"chat_template_kwargs": {"enable_thinking": reasoning is not False}}
+    if isinstance(reasoning, str):
+        fields["reasoning_effort"] = reasoning
+    return fields
+
+
+def chat_body(request: GenerationRequest, stream: bool) -> dict[str, Any]:
+    """The ``/v1/chat/completions`` body of ``request``: sampling, ``tools``/``tool_choice``,
+    ``response_format``, the reasoning switch, and the request's ``extra`` fields."""
+    body: dict[str, Any] = {"model": request.model or "default", "messages": wire_messages(request.messages)}
+    body["stream"] = stream
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    body.update(sampling_fields(request))
+    if request.tools:
+        body["tools"] = request.tools
+        if request.tool_choice is not None:
+            body["tool_choice"] = request.tool_choice
+    if request.response_format is not None:
+        body["response_format"] = response_format_field(request.response_format)
+    if request.reasoning is not None:
+        body.update(reasoning_fields(request.reasoning))
+    body.update(request.extra)
+    return body
 
 
 def response_format_field(fmt: ResponseFormat) -> dict[str, Any]:
@@ -270,3 +275,6 @@ def wire_messages(messages: list[Message]) -> list[Any]:
             message = {**message, "tool_calls": [c.to_message() if isinstance(c, ToolCall) else c for c in calls]}
         out.append(message)
     return out
+
+
+CHAT = register(Wire("chat", "/chat/completions", chat_body, ChatChunks, completion_from))

@@ -11,10 +11,16 @@ from __future__ import annotations
 from typing import Any, TypeGuard
 
 from ..errors import ProviderProtocolError
+from ..http.chunk_decoder import SSEChunks
+from ..http.mapping import error_from_response
+from ..http.sse import SSEEvent
+from ..http.wire import load_frame
 from ..images import base64_payload
-from ..types import StreamChunk, Timings, Usage
+from ..provider import Completion
+from ..types import GenerationRequest, StreamChunk, Timings, Usage
+from .wire import Wire, register
 
-__all__ = ["chunk_from_result", "native_input"]
+__all__ = ["LMSTUDIO", "LMStudioChunks", "chunk_from_result", "lmstudio_body", "native_input"]
 
 
 def _number(value: Any) -> TypeGuard[int | float]:
@@ -69,3 +75,58 @@ def native_input(content: Any) -> Any:
         elif part.get("type") == "text":
             items.append({"type": "message", "content": part.get("text", "")})
     return items
+
+
+def lmstudio_body(request: GenerationRequest, stream: bool) -> dict[str, Any]:
+    """``/api/v1/chat``'s body: one ``input`` (the last turn), the system prompt apart."""
+    extra = dict(request.extra)
+    extra.pop("native", None)
+    system = "\n".join(str(m.get("content", "")) for m in request.messages if m.get("role") == "system")
+    turns = [m for m in request.messages if m.get("role") != "system"]
+    if len(turns) > 1:
+        raise ValueError("LM Studio's native chat takes one input; use the /v1 route for multi-turn messages")
+    body: dict[str, Any] = {
+        "model": request.model,
+        "input": native_input(turns[-1].get("content") or "") if turns else "",
+        "stream": stream,
+    }
+    if system:
+        body["system_prompt"] = system
+    if request.max_tokens is not None:
+        body["max_output_tokens"] = request.max_tokens
+    if request.temperature is not None:
+        body["temperature"] = request.temperature
+    if request.reasoning is not None:
+        level = request.reasoning
+        body["reasoning"] = level if isinstance(level, str) else ("on" if level else "off")
+    body.update(extra)
+    return body
+
+
+class LMStudioChunks(SSEChunks):
+    """Named SSE events (``message.delta``, ``reasoning.delta``, ``error``), ending with ``chat.end``
+    (no ``[DONE]``)."""
+
+    cut = "the LM Studio stream ended before chat.end"
+
+    def event(self, event: SSEEvent) -> list[StreamChunk]:
+        data = load_frame(event.data)
+        if event.event == "error":
+            raise error_from_response(200, data if isinstance(data, dict) else {"error": str(data)})
+        if event.event == "message.delta":
+            return [StreamChunk(delta=str(data.get("content", "")), raw=data)]
+        if event.event == "reasoning.delta":
+            return [StreamChunk(reasoning=str(data.get("content", "")), raw=data)]
+        if event.event == "chat.end":
+            self.finished = self.done = True
+            return [chunk_from_result(data.get("result") if isinstance(data, dict) else None, delta="")]
+        return []
+
+
+def _whole_result(body: Any) -> Completion:
+    return Completion.from_chunk(chunk_from_result(body, delta=None), raw=body)
+
+
+LMSTUDIO = register(
+    Wire("lmstudio", "/api/v1/chat", lmstudio_body, LMStudioChunks, _whole_result, frozenset({"lmstudio"}))
+)

@@ -24,29 +24,28 @@ cache reads. Malformed input is a ``ProviderProtocolError`` (fuzzed: ``tests/tes
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator
-from contextlib import AbstractAsyncContextManager
 from typing import Any
 
-import httpx
-
 from ..errors import ProviderProtocolError
+from ..http.chunk_decoder import SSEChunks
 from ..http.mapping import error_from_response
-from ..http.sse import SSEDecoder
-from ..http.wire import drain, expect_stream, load_frame
+from ..http.sse import SSEEvent
+from ..http.wire import load_frame
 from ..images import base64_payload
 from ..provider import Completion
 from ..types import GenerationRequest, Message, StreamChunk, ToolCall, ToolCallDelta, Usage
+from .wire import V1, Wire, register
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
     "FINISH",
+    "MESSAGES",
     "MessageEvents",
+    "MessagesChunks",
     "completion_from_message",
     "count_tokens_body",
     "messages_body",
     "messages_input",
-    "messages_sse_chunks",
     "usage_of",
 ]
 
@@ -366,20 +365,33 @@ def completion_from_message(obj: Any) -> Completion:
 # -- reading a stream ------------------------------------------------------------------------------
 
 
-async def messages_sse_chunks(
-    opening: AbstractAsyncContextManager[httpx.Response],
-) -> AsyncGenerator[StreamChunk, None]:
-    """The chunks of a ``/v1/messages`` stream, up to ``message_stop``."""
-    events = MessageEvents()
-    async with opening as resp:
-        await expect_stream(resp)
-        decoder = SSEDecoder()
-        parts = resp.aiter_bytes()
-        async for part in parts:
-            for event in decoder.feed(part):
-                for chunk in events.chunks(load_frame(event.data)):
-                    yield chunk
-                if events.finished:
-                    await drain(parts)  # the body's end: the connection goes back to the pool
-                    return
-    raise ProviderProtocolError("the messages stream ended before message_stop")
+class MessagesChunks(SSEChunks):
+    """A ``/v1/messages`` stream, up to ``message_stop``."""
+
+    cut = "the messages stream ended before message_stop"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._events = MessageEvents()
+
+    def event(self, event: SSEEvent) -> list[StreamChunk]:
+        chunks = self._events.chunks(load_frame(event.data))
+        self.finished = self.done = self._events.finished
+        return chunks
+
+
+def _body(request: GenerationRequest, stream: bool) -> dict[str, Any]:
+    return messages_body(request, stream=stream)
+
+
+MESSAGES = register(
+    Wire(
+        "messages",
+        "/messages",
+        _body,
+        MessagesChunks,
+        completion_from_message,
+        V1 | {"anthropic"},
+        count_tokens=count_tokens_body,
+    )
+)

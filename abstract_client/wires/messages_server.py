@@ -278,7 +278,10 @@ def messages_args(body: Any, *, count_only: bool = False) -> tuple[dict[str, Any
         kind = thinking.get("type") if isinstance(thinking, dict) else None
         if kind not in ("enabled", "disabled", "adaptive"):
             raise BadRequest("thinking.type must be enabled, disabled or adaptive")
-        budget = thinking.get("budget_tokens")
+        # a budget is the enabled kind's: a disabled thinking's is ignored, as Anthropic does
+        budget = thinking.get("budget_tokens") if kind != "disabled" else None
+        if isinstance(budget, float) and budget.is_integer():  # JSON's 1024.0 is an integer (as max_tokens)
+            budget = int(budget)
         if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool)):
             raise BadRequest("thinking.budget_tokens must be an integer")
         if budget is not None and not 1 <= budget < max_tokens:

@@ -11,15 +11,24 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
 from ..errors import ProviderProtocolError
+from ..http.chunk_decoder import ChunkDecoder
+from ..http.ndjson import NDJSONDecoder
+from ..http.wire import raise_if_error
 from ..images import base64_payload
-from ..types import StreamChunk, Timings, ToolCallDelta, Usage
-from .chat import tool_pieces, wire_messages
+from ..provider import Completion
+from ..types import GenerationRequest, StreamChunk, Timings, ToolCallDelta, Usage
+from .chat import sampling_fields, tool_pieces, wire_messages
+from .wire import Wire, register
 
-__all__ = ["chunk_from", "native_messages", "tool_calls_from"]
+__all__ = ["OLLAMA", "OllamaChunks", "chunk_from", "native_messages", "ollama_body", "tool_calls_from"]
+
+# request fields that go to the body's top level, not into ``options``
+_PASSTHROUGH = ("keep_alive", "format", "think", "tools", "truncate", "images", "suffix", "system", "template")
 
 
 def native_messages(messages: list[Any]) -> list[dict[str, Any]]:
@@ -106,3 +115,77 @@ def chunk_from(obj: Any) -> StreamChunk:
         model=obj.get("model") if isinstance(obj.get("model"), str) else None,
         raw=obj,
     )
+
+
+def ollama_body(request: GenerationRequest, stream: bool) -> dict[str, Any]:
+    """The ``/api/chat`` (or, raw, ``/api/generate``) body: ``stream`` always explicit (Ollama
+    streams unless told not to), sampling into ``options`` (``max_tokens`` → ``num_predict``)."""
+    extra = dict(request.extra)
+    options: dict[str, Any] = dict(extra.pop("options", None) or {})
+    options.update(sampling_fields(request, max_tokens_key="num_predict"))
+    for key in ("num_ctx", "top_k", "top_p", "min_p", "repeat_penalty"):
+        if key in extra:
+            options[key] = extra.pop(key)
+    body: dict[str, Any] = {"model": request.model, "stream": stream}
+    if request.raw:
+        body.update(prompt=request.prompt or "", raw=True)
+    else:
+        body["messages"] = native_messages(request.messages)
+        if request.tools and request.tool_choice != "none":
+            body["tools"] = request.tools
+    if request.response_format is not None:
+        body["format"] = request.response_format.schema or "json"
+    if request.reasoning is not None:
+        body["think"] = request.reasoning
+    if options:
+        body["options"] = options
+    for key in _PASSTHROUGH:
+        if key in extra:
+            body[key] = extra.pop(key)
+    body.update(extra)
+    return body
+
+
+class OllamaChunks(ChunkDecoder):
+    """An NDJSON stream of ``/api/chat`` or ``/api/generate`` objects, up to ``done: true``."""
+
+    def __init__(self) -> None:
+        self._lines = NDJSONDecoder()
+        self._calls = 0  # Ollama sends whole calls, each list indexed from 0: numbered across lines
+
+    def feed(self, data: bytes) -> Iterator[StreamChunk]:
+        return self._objects(self._lines.feed(data))
+
+    def _objects(self, objects: list[Any]) -> Iterator[StreamChunk]:
+        for obj in objects:
+            raise_if_error(obj)
+            chunk = chunk_from(obj)
+            pieces = tool_calls_from(obj, self._calls)
+            self._calls += len(pieces)
+            for piece in pieces:
+                yield StreamChunk(tool_call=piece, raw=obj)
+            yield chunk
+            if obj.get("done") is True:
+                self.done = True
+                return
+
+    def end(self) -> Iterator[StreamChunk]:
+        yield from self._objects(self._lines.close())
+        if not self.done:
+            raise ProviderProtocolError("the Ollama stream ended before its final object (done: true)")
+
+
+def _path_for(request: GenerationRequest) -> str:
+    return "/api/generate" if request.raw else "/api/chat"  # raw: a plain prompt, no template
+
+
+def completion_of(obj: Any) -> Completion:
+    raise_if_error(obj)
+    completion = Completion.from_chunk(chunk_from(obj), raw=obj)
+    completion.tool_calls = tool_calls_from(obj, 0)
+    return completion
+
+
+OLLAMA = register(
+    Wire("ollama", "/api/chat", ollama_body, OllamaChunks, completion_of, frozenset({"ollama"}), _path_for)
+)

@@ -19,26 +19,28 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncGenerator
-from contextlib import AbstractAsyncContextManager, aclosing
 from typing import Any
 
 import httpx
 
 from ..errors import ProviderProtocolError
+from ..http.chunk_decoder import SSEChunks
 from ..http.mapping import error_from_response
-from ..http.sse import SSEDecoder
-from ..http.wire import drain, expect_stream, load_frame
+from ..http.sse import SSEDecoder, SSEEvent
+from ..http.wire import drain, load_frame
 from ..provider import Completion
 from ..types import GenerationRequest, Message, StreamChunk, ToolCall, ToolCallDelta, Usage
 from .timings import timings_from
+from .wire import Wire, register
 
 __all__ = [
+    "RESPONSES",
     "TERMINAL_EVENTS",
     "ResponseEvents",
+    "ResponsesChunks",
     "completion_from_response",
     "response_events",
     "responses_body",
-    "responses_sse_chunks",
 ]
 
 # the events after which a response's stream has nothing more to say (a background stream
@@ -293,19 +295,28 @@ async def response_events(resp: httpx.Response) -> AsyncGenerator[Any, None]:
                 return
 
 
-async def responses_sse_chunks(
-    opening: AbstractAsyncContextManager[httpx.Response],
-) -> AsyncGenerator[StreamChunk, None]:
-    """The chunks of a foreground ``/v1/responses`` stream."""
-    events = ResponseEvents()
-    async with opening as resp:
-        await expect_stream(resp)
-        async with aclosing(response_events(resp)) as frames:
-            async for frame in frames:
-                for chunk in events.chunks(frame):
-                    yield chunk
-    if not events.finished:
-        raise ProviderProtocolError("the responses stream ended before its final event (response.completed)")
+class ResponsesChunks(SSEChunks):
+    """A foreground ``/v1/responses`` stream: typed events up to a terminal one (or ``[DONE]``)."""
+
+    cut = "the responses stream ended before its final event (response.completed)"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._events = ResponseEvents()
+
+    def event(self, event: SSEEvent) -> list[StreamChunk]:
+        if event.data.strip() == "[DONE]":
+            self.done = True
+            return []
+        frame = load_frame(event.data)
+        chunks = self._events.chunks(frame)
+        self.finished = self._events.finished
+        self.done = isinstance(frame, dict) and frame.get("type") in TERMINAL_EVENTS
+        return chunks
+
+
+def _body(request: GenerationRequest, stream: bool) -> dict[str, Any]:
+    return {**responses_body(request, stream=stream), **request.extra}
 
 
 def _output_text(output: Any) -> str:
@@ -354,3 +365,6 @@ def completion_from_response(obj: Any) -> Completion:
         reasoning="".join(reasoning) or None,
         tool_calls=calls,
     )
+
+
+RESPONSES = register(Wire("responses", "/responses", _body, ResponsesChunks, completion_from_response, resumes=True))

@@ -1,0 +1,57 @@
+"""A wire as a value: one dialect of a generation route, and the registry of them.
+
+A :class:`Wire` holds all a lane needs to speak a dialect: where it is (its path), how a
+request becomes its body (``encode``), how its streamed bytes become chunks (a fresh sans-io
+:class:`~abstract_client.http.chunk_decoder.ChunkDecoder` per answer, driven by the one read
+loop ``http.wire.read_chunks``), how a
+whole body becomes a ``Completion``, and what the dialect can do (resume, cancel by id, count
+tokens). A lane declares the *families* of wires its server serves (``"v1"``: anything under
+``/v1``) and one quirks hook, ``adjust(wire, body, request)``; adding a dialect is one module
+and one :func:`register` call, no lane touched (``tests/test_fifth_wire.py`` adds one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..http.chunk_decoder import ChunkDecoder
+from ..provider import Completion
+from ..types import GenerationRequest
+
+__all__ = ["V1", "WIRES", "Wire", "register"]
+
+
+V1 = frozenset({"v1"})
+
+
+@dataclass(frozen=True, slots=True)
+class Wire:
+    """One dialect (see the module docstring). ``path`` is under the server's ``/v1`` for a wire
+    of the ``"v1"`` family, else from its root; ``route`` picks a path by request where the
+    dialect has more than one (Ollama's raw ``/api/generate``)."""
+
+    name: str
+    path: str
+    encode: Callable[[GenerationRequest, bool], dict[str, Any]]  # (request, stream) -> body
+    decoder: Callable[[], ChunkDecoder]  # a fresh one per streamed answer
+    completion: Callable[[Any], Completion]  # a whole JSON body -> the answer
+    families: frozenset[str] = V1
+    route: Callable[[GenerationRequest], str] | None = None
+    resumes: bool = False  # a background answer the server keeps past a drop, stopped by its id
+    # the body of ``{path}/count_tokens``, where the dialect counts a request's input tokens
+    # (answered ``{"input_tokens": n}``)
+    count_tokens: Callable[[GenerationRequest], dict[str, Any]] | None = None
+
+    def path_for(self, request: GenerationRequest) -> str:
+        return self.path if self.route is None else self.route(request)
+
+
+WIRES: dict[str, Wire] = {}
+
+
+def register(wire: Wire) -> Wire:
+    """Make ``wire`` one a lane may be asked for by name (``create_llm(..., wire=name)``)."""
+    WIRES[wire.name] = wire
+    return wire
