@@ -29,6 +29,7 @@ import httpx
 from abstract_client.errors import NotSupportedError, ProviderProtocolError
 from abstract_client.http.chunk_decoder import SSEChunks
 from abstract_client.http.resume import resumed_bytes
+from abstract_client.http.sse import SSEEvent
 from abstract_client.http.wire import load_frame, read_chunks
 from abstract_client.provider import CallContext, Completion, ModelInfo, UnloadReport
 from abstract_client.types import GenerationRequest, StreamChunk, Usage
@@ -243,7 +244,7 @@ class _CompletionChunks(SSEChunks):
 
     cut = "the /completion stream ended before its final frame (stop: true)"
 
-    def event(self, event: Any) -> list[StreamChunk]:
+    def event(self, event: SSEEvent) -> list[StreamChunk]:
         frame = load_frame(event.data)
         if not isinstance(frame, dict):
             raise ProviderProtocolError(f"unexpected /completion frame: {event.data[:200]!r}")
@@ -266,8 +267,8 @@ def _whole_completion(body: Any) -> Completion:
     return Completion.from_chunk(_native_chunk(body), raw=body)
 
 
-# llama-server's raw route (``raw=True`` takes it: no chat template), from the server's root
-NATIVE: frozenset[str] = frozenset()
+# llama-server's raw route (``raw=True`` takes it: no chat template); no family: it is the
+# lane's own, under the server's root, never a ``wire=`` a lane is asked for
 COMPLETION = Wire(
     "llamacpp-completion", "/completion", _completion_body, _CompletionChunks, _whole_completion, frozenset()
 )

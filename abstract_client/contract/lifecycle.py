@@ -66,7 +66,7 @@ TRANSITIONS: Mapping[tuple[Phase, Event], Phase] = {
     (Phase.BUILT, Event.ADMIT): Phase.ADMITTED,
     (Phase.BUILT, Event.RELEASE): Phase.RELEASED,
     (Phase.ADMITTED, Event.PREPARE): Phase.PREPARED,
-    (Phase.ADMITTED, Event.ANSWER): Phase.ANSWERED,  # an embedding or a model operation: nothing to prepare
+    (Phase.ADMITTED, Event.ANSWER): Phase.ANSWERED,  # an embedding: nothing to prepare
     (Phase.ADMITTED, Event.RELEASE): Phase.RELEASED,
     (Phase.PREPARED, Event.ANSWER): Phase.ANSWERED,
     (Phase.PREPARED, Event.RELEASE): Phase.RELEASED,
