@@ -37,7 +37,7 @@ class ServerCancels:
         self._portal = Portal()  # its loop thread starts with the first cancel
         self._pending = 0
         self._idle = threading.Condition()
-        self.attempts = 0  # requests tried, answered or not (what a test waits on)
+        self.attempts = 0  # requests that ended, answered or not (what a test waits on)
 
     def warm(self) -> None:
         """Start the loop thread now, so that a stop does not pay for it."""
@@ -107,7 +107,6 @@ class ServerCancels:
         delay = 0.05
         with anyio.move_on_after(retry_for or None):  # one attempt, unbounded by us, when 0
             while True:
-                self.attempts += 1
                 try:
                     response = await self._clients.fetch(method, target, timeout=_TIMEOUTS)
                     log.debug("%s %s: the server answered %d", method, target, response.status_code)
@@ -117,6 +116,8 @@ class ServerCancels:
                     if not retry_for:
                         log.debug("%s %s: unreachable (%s)", method, target, exc)
                         return
+                finally:  # counted once it ended: a try still connecting may yet land
+                    self.attempts += 1
                 await anyio.sleep(delay)
                 delay = min(delay * 2, 1.0)
         log.warning("%s %s: the server could not be reached within %.0f s", method, target, retry_for)

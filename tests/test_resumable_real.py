@@ -177,9 +177,10 @@ def test_a_stop_pressed_while_the_network_is_down_lands_when_it_is_back(llama: L
             event.set()
             thread.join(10)
             assert isinstance(out.get("error"), GenerationCancelledError), out
-            # the stop's DELETE was tried (and refused) before the network comes back: a second
-            # try is what lands it (the single try of a cancel sent late, from a cold loop
-            # thread, could land after the reopen and pass for the retry)
+            # the stop's DELETE was tried, and refused, before the network comes back: a second
+            # try is what lands it (a single try still connecting when the network comes back,
+            # from a cold loop thread on a loaded machine, could land and pass for the retry:
+            # attempts counts tries that ended)
             assert wait_until(lambda: cancels.attempts > tried, 15), "the stop's DELETE was never tried"
             assert any(s.get("is_processing") for s in llama.slots())  # nobody could tell it yet
             proxy.reopen()
