@@ -28,7 +28,8 @@ async def one(
         }
     ).encode()
     head = (
-        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nX-Request-Id: {tag}\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
     ).encode()
     reader, writer = await asyncio.open_connection(host, port)
     writer.write(head + body)

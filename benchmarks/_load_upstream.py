@@ -32,6 +32,14 @@ FRAMES = [_http_chunk(sse_chunk(f"w{i} ")) for i in range(10)]
 _USAGE = {"prompt_tokens": 5, "completion_tokens": 0, "total_tokens": 5}
 _END = sse_chunk(None, finish_reason="length", usage=_USAGE) + b"data: [DONE]\n\n"
 END = _http_chunk(_END) + b"0\r\n\r\n"
+
+
+def _end(sent: int) -> bytes:
+    """The end of a stream, with the usage the engine counted: every chunk it sent."""
+    usage = {"prompt_tokens": 5, "completion_tokens": sent, "total_tokens": 5 + sent}
+    return _http_chunk(sse_chunk(None, finish_reason="length", usage=usage) + b"data: [DONE]\n\n") + b"0\r\n\r\n"
+
+
 STREAM_HEAD = (
     b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
     b"transfer-encoding: chunked\r\n\r\n"
@@ -76,7 +84,7 @@ class Server:
                     self.finish(s)
 
     def finish(self, s: Stream) -> None:
-        s.conn.transport.write(END)
+        s.conn.transport.write(_end(s.sent))
         s.conn.stream = None
         self.streams.discard(s)
 

@@ -100,7 +100,11 @@ class LlamaCppProvider(OpenAICompatibleProvider):
     def adjust(self, wire: Wire, body: dict[str, Any], request: GenerationRequest) -> None:
         """llama-server's ``/v1/responses`` converts the body to a chat request and drops
         ``text.format``: structured output goes in its chat field (passed through, honoured),
-        and the reasoning switch as on chat."""
+        and the reasoning switch as on chat. A chat stream asks for ``timings`` on every chunk:
+        the server's own count so far (prompt, cache, decoded), so a stopped answer knows what
+        the engine did up to the stop (a gateway bills it)."""
+        if wire.name == "chat" and body.get("stream"):
+            body.setdefault("timings_per_token", True)
         if wire.name != "responses":
             return
         if request.response_format is not None:

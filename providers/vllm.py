@@ -68,6 +68,14 @@ class VLLMProvider(VLLMFlavour):
     names_responses = True
     default_base_url = "http://127.0.0.1:8000/v1"
 
+    def adjust(self, wire: Wire, body: dict[str, Any], request: GenerationRequest) -> None:
+        """And a chat stream asks for usage on every chunk (``continuous_usage_stats``): vLLM's
+        own count so far, so a stopped answer knows what the engine did up to the stop."""
+        super().adjust(wire, body, request)
+        options = body.get("stream_options")
+        if wire.name == "chat" and isinstance(options, dict):
+            options.setdefault("continuous_usage_stats", True)
+
     async def native_tools(self, request: GenerationRequest) -> bool:
         """Chat: vLLM parses calls itself, and guides ``"required"`` and named choices for any
         model (``"auto"`` needs ``--enable-auto-tool-choice``: a typed ``NotSupportedError``).

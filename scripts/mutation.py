@@ -228,6 +228,7 @@ HEAVY_MODULES = frozenset(
         "tests/test_fleet_real.py",
         "tests/test_embeddings_real.py",
         "tests/test_tools_real.py",
+        "tests/test_usage_real.py",
     }
 )
 DEFAULT_SAMPLE = 24

@@ -12,6 +12,9 @@ cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 # Every engine is installed below: a missing one fails its tests instead of skipping them.
 export ABSTRACT_CLIENT_REQUIRE_ENGINES=1
+# The gateways the suite starts keep their usage records here, not in the user's data directory
+usage_dir="$(mktemp -d)"
+export ABSTRACT_CLIENT_DATA_DIR="${ABSTRACT_CLIENT_DATA_DIR:-$usage_dir}"
 cache="${HOME}/.cache/abstract-client"
 mkdir -p "$cache"
 

@@ -226,6 +226,67 @@ def test_gateway_disconnect_stops_vllm(vllm: VLLMServer, tmp_path: Path) -> None
         assert_vllm_stopped(vllm)
 
 
+def test_the_gateway_bills_a_key_what_vllm_counted(vllm: VLLMServer, tmp_path: Path) -> None:
+    """Usage per key (#62) against vLLM's own counters: a complete answer is billed exactly what
+    ``/metrics`` counted (prompt and generated); a stopped one its prompt exactly and what vLLM
+    reported on the last chunk before the stop (``continuous_usage_stats``) — vLLM's count may
+    hold the few tokens its engine stepped while the close travelled, measured here."""
+    import sqlite3
+
+    import openai
+
+    from abstract_client.testing.gateway import GatewayProcess
+
+    def billed(request_id: str) -> tuple[str, int, int]:
+        def written() -> bool:
+            with sqlite3.connect(tmp_path / "usage.sqlite3") as db:
+                found[:] = db.execute(
+                    "SELECT outcome, prompt_tokens, generated_tokens FROM usage WHERE request_id = ?", (request_id,)
+                ).fetchall()
+            return bool(found)
+
+        found: list[Any] = []
+        assert wait_until(written, 15), f"no usage record for {request_id}"
+        return found[0]  # type: ignore[no-any-return]
+
+    assert wait_running(vllm, 0, 10)
+    args = ["-p", "vllm", "-u", vllm.url, "--name", "smollm2", "--data-dir", str(tmp_path)]
+    with GatewayProcess.launch(args, log_path=tmp_path / "gw.log") as gw:
+        client = openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0)
+        prompt, generated = vllm.prompt_tokens(), vllm.generation_tokens()
+        client.chat.completions.create(
+            model="smollm2",
+            messages=CAPITAL,
+            max_tokens=12,
+            extra_headers={"X-Request-Id": "bill-whole"},  # type: ignore[arg-type]
+        )
+        assert billed("bill-whole") == (
+            "completed",
+            vllm.prompt_tokens() - prompt,
+            vllm.generation_tokens() - generated,
+        )
+
+        prompt, generated = vllm.prompt_tokens(), vllm.generation_tokens()
+        stream = client.chat.completions.create(
+            model="smollm2",
+            messages=[{"role": "user", "content": STORY}],
+            max_tokens=1500,
+            stream=True,
+            extra_body={"ignore_eos": True},
+            extra_headers={"X-Request-Id": "bill-left"},
+        )
+        for n, _ in enumerate(stream):
+            if n == 20:
+                break
+        stream.close()
+        assert_vllm_stopped(vllm)
+        outcome, prompt_billed, generated_billed = billed("bill-left")
+        decoded = vllm.generation_tokens() - generated
+        print(f"vLLM generated {decoded:.0f}, billed {generated_billed}, gap {decoded - generated_billed:.0f}")
+        assert outcome == "stopped" and prompt_billed == vllm.prompt_tokens() - prompt
+        assert 0 <= decoded - generated_billed <= 4, (decoded, generated_billed)
+
+
 # -- the Responses API (#42): the same calls over /v1/responses; background = resumable ----------
 
 GREEDY_STORY: dict[str, Any] = {"temperature": 0.0, "seed": 7, "max_tokens": 200, "ignore_eos": True}

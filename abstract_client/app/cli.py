@@ -377,6 +377,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_usage(args: argparse.Namespace) -> int:
+    from .usage_table import usage_command
+
+    return usage_command(args)
+
+
 def _gateway_config(args: argparse.Namespace) -> Any:
     from ..gateway import BackendConfig, GatewayConfig, key_from_env, load_config
 
@@ -433,6 +439,12 @@ def _gateway_config(args: argparse.Namespace) -> Any:
         config.health_interval = args.health_interval
     if args.access_log:
         config.access_log = True
+    if args.data_dir is not None:
+        config.data_dir = args.data_dir
+    if args.no_usage:
+        config.usage = False
+    if args.usage_retention_days is not None:
+        config.usage_retention_days = args.usage_retention_days
     config.log_level = args.log_level
     config.__post_init__()  # the command line's values are checked like the file's
     return config
@@ -538,11 +550,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--background-max-mb", type=float, default=None, help="events one background response may hold, MiB (16)"
     )
+    p.add_argument(
+        "--data-dir", default=None, help="where usage.sqlite3 lives (default: ~/.local/share/abstract-client)"
+    )
+    p.add_argument("--no-usage", action="store_true", help="keep no usage records (limits still apply)")
+    p.add_argument("--usage-retention-days", type=float, default=None, help="days usage records are kept (90)")
     p.add_argument("--log-level", default="info")
     p.add_argument(
         "--access-log", action="store_true", help="log a line per request (uvicorn's access log; off by default)"
     )
     p.set_defaults(fn=cmd_serve)
+
+    p = sub.add_parser("usage", help="requests and tokens per key, model and day (a gateway's usage records)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--data-dir", default=None, help="the gateway's data directory (its usage.sqlite3)")
+    where.add_argument("--url", default=None, help="ask a running gateway (GET /v1/usage) instead")
+    p.add_argument("--api-key-env", default=None, help="with --url: the variable holding your key (or the admin key)")
+    p.add_argument("--start", default=None, metavar="YYYY-MM-DD")
+    p.add_argument("--end", default=None, metavar="YYYY-MM-DD")
+    p.add_argument("--key", default=None, help="one key's name")
+    p.add_argument("--json", action="store_true", help="the rows as JSON")
+    p.set_defaults(fn=cmd_usage)
 
     p = sub.add_parser("bench", help="benchmarks")
     bench = p.add_subparsers(dest="bench", required=True)
@@ -567,7 +595,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "serve":
+    if args.command in ("serve", "usage"):  # no UI needed: they run on servers
         return int(args.fn(args))
     try:
         import rich  # noqa: F401 - the command's UI

@@ -83,6 +83,7 @@ def create_app(config: GatewayConfig, *, peers: Peers | None = None) -> Starlett
         Route("/v1/models/unload", routes.load_or_unload, methods=["POST"]),
         Route("/v1/requests/{request_id}/cancel", routes.cancel, methods=["POST"]),
         Route("/v1/requests/{request_id}", routes.stop_record, methods=["GET"]),
+        Route("/v1/usage", routes.usage, methods=["GET"]),
         Route("/health", routes.health, methods=["GET"]),
         Route("/ready", routes.ready, methods=["GET"]),
         Route("/metrics", routes.metrics, methods=["GET"]),
@@ -93,7 +94,7 @@ def create_app(config: GatewayConfig, *, peers: Peers | None = None) -> Starlett
 
     app = Starlette(routes=table, lifespan=lifespan, exception_handlers={404: _http_error, 405: _http_error})
     app.state.gateway = gateway
-    keys = [*([config.api_key] if config.api_key else []), *config.api_keys]
+    keys = [*([config.api_key] if config.api_key else []), *config.api_keys, *(k.key for k in config.keys)]
     return RequestIdAndAuth(  # type: ignore[return-value]
         app,
         keys,
@@ -101,6 +102,7 @@ def create_app(config: GatewayConfig, *, peers: Peers | None = None) -> Starlett
         max_body_bytes=config.max_body_bytes,
         body_timeout=config.body_timeout,
         browsers=BrowserPolicy.of(config.host, config.allowed_hosts, config.allowed_origins),
+        names=config.key_names(),
     )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -18,6 +19,8 @@ from .. import telemetry
 from ..errors import GenerationCancelledError, StopReason
 from ..wires.chat_server import Shape, as_written, error_body, openai_error
 from .departures import watch_client
+from .keys import ANONYMOUS
+from .limits import Refusal
 from .request_ids import scoped
 from .stall import UnsentWatch
 from .state import Backend, Flight, Gateway
@@ -52,12 +55,16 @@ class GenerationResponse:
         endpoint: str,
         run: Callable[[Flight, Send], Awaitable[int]],
         shape: Shape | None = None,
+        *,
+        max_tokens: Any = None,
     ) -> None:
         """``shape``: the route's error shape for the gateway's own refusals (written in
-        OpenAI's; the Messages route answers in Anthropic's)."""
+        OpenAI's; the Messages route answers in Anthropic's). ``max_tokens``: what the request
+        may generate, reserved against its key's token limits until it ends."""
         self.gateway, self.backend, self.request_id = gateway, backend, request_id
         self.endpoint, self.run = endpoint, run
         self.shape = shape or as_written
+        self.max_tokens = max_tokens
 
     async def _refuse(
         self, send: Send, status: int, body: Any, headers: list[tuple[bytes, bytes]] | None = None
@@ -72,11 +79,20 @@ class GenerationResponse:
             message = f"request {self.request_id} is already in flight"
             await self._refuse(send, 409, openai_error(message, "invalid_request_error", "duplicate_request_id"))
             return
+        # the key's limits, before a slot is waited for or anything is sent upstream
+        name = state.get("key_name") or ANONYMOUS
+        admitted = gateway.accounting.admit(name, self.max_tokens)
+        if isinstance(admitted, Refusal):
+            gateway.accounting.refused(name, backend.name, self.endpoint, self.request_id, admitted.limit)
+            body = openai_error(admitted.message, "rate_limit_error", admitted.limit)
+            await self._refuse(send, 429, body, [(b"retry-after", str(admitted.retry_after).encode())])
+            return
         flight = Flight(
             self.request_id, backend, write_timeout=gateway.config.write_timeout, loop=asyncio.get_running_loop()
         )
         flight.owner = state.get("owner")
         flight.call_id = key
+        flight.key, flight.admission = name, admitted
         if state.get("client_socket") is not None:  # the gateway's own server: the kernel can say
             flight.unsent = UnsentWatch(state["client_socket"], flight.write_timeout)
         gateway.flights[key] = flight
@@ -108,6 +124,7 @@ class GenerationResponse:
                         abort_connection()
                 flight.finished = True
                 del gateway.flights[key]
+                gateway.accounting.account(flight, self.endpoint, status)
                 gateway.metrics.finished(backend.name, self.endpoint, status)
                 gateway.upstreams.finished(backend.name, status, flight.error)
                 if flight.span is not None:
@@ -116,15 +133,14 @@ class GenerationResponse:
     async def _in_slot(self, flight: Flight, send: Send) -> int:
         """Wait for a slot (bounded: 503 + Retry-After), then run; a client that leaves while
         queued leaves the queue."""
-        backend = self.backend
-        try:
-            backend.slots.acquire_nowait()  # a free slot: no scope, no timer
-        except anyio.WouldBlock:
+        backend, key = self.backend, flight.key
+        weight = self.gateway.accounting.weight(key)
+        if not backend.slots.try_acquire(key, weight):  # a free slot: no scope, no timer
             with anyio.CancelScope() as queued:
                 flight.queue_scope = queued
                 try:
                     with anyio.fail_after(backend.cfg.queue_timeout):
-                        await backend.slots.acquire()
+                        await backend.slots.acquire(key, weight)
                 except TimeoutError:
                     self.gateway.metrics.queue_rejected(backend.name)
                     retry = str(max(1, round(backend.cfg.queue_timeout / 2))).encode()
@@ -135,12 +151,13 @@ class GenerationResponse:
             flight.queue_scope = None
             if queued.cancelled_caught:  # stopped while queued: no slot was taken
                 return await self._stopped_before_start(flight, send)
+        flight.admitted_at = time.perf_counter()
         try:
             if flight.reason is not None:  # stopped before it started (a slot taken, nothing ran)
                 return await self._stopped_before_start(flight, send)
             return await self.run(flight, send)
         finally:
-            backend.slots.release()
+            backend.slots.release(key)
 
     async def _stopped_before_start(self, flight: Flight, send: Send) -> int:
         stop = GenerationCancelledError(

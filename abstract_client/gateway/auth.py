@@ -17,6 +17,7 @@ from ..wires.messages_server import anthropic_shape
 from .asgi import send_json
 from .body import REQUEST_ID
 from .browsers import BrowserPolicy
+from .keys import ANONYMOUS
 
 __all__ = ["RequestIdAndAuth"]
 
@@ -37,7 +38,9 @@ class RequestIdAndAuth:
         max_body_bytes: int = 32 * 2**20,
         body_timeout: float = 30.0,
         browsers: BrowserPolicy | None = None,
+        names: dict[str, str] | None = None,
     ) -> None:
+        """``names``: each key's name (usage and limits say it, never the key)."""
         self.app = app
         self.browsers = browsers or BrowserPolicy.of("127.0.0.1", [], [])
         self.body_timeout = body_timeout
@@ -45,20 +48,23 @@ class RequestIdAndAuth:
         self._admin = admin_key.encode() if admin_key else None
         self._keys = [k.encode() for k in api_keys] + ([self._admin] if self._admin else [])
         self.max_body_bytes = max_body_bytes
+        self._names = {key.encode(): name for name, key in (names or {}).items()}
 
-    def _owner(self, auth: bytes, api_key: bytes = b"") -> tuple[bool, str | None, bool]:
-        """(accepted, the key's identity (a hash, never the key), is it the admin key). The key
-        comes as ``Authorization: Bearer`` (OpenAI's clients) or ``x-api-key`` (Anthropic's)."""
+    def _owner(self, auth: bytes, api_key: bytes = b"") -> tuple[bool, str | None, bool, str]:
+        """(accepted, the key's identity (a hash, never the key), is it the admin key, its name).
+        The key comes as ``Authorization: Bearer`` (OpenAI's clients) or ``x-api-key``
+        (Anthropic's)."""
         if not self._keys:
-            return True, None, False
+            return True, None, False, ANONYMOUS
         given = auth[7:].strip() if auth.startswith(b"Bearer ") else api_key.strip()
         found = None
         for key in self._keys:  # every key compared, in constant time: no early exit
             if hmac.compare_digest(given, key):
                 found = key
         if found is None:
-            return False, None, False
-        return True, hashlib.sha256(found).hexdigest()[:16], found == self._admin
+            return False, None, False, ANONYMOUS
+        name = self._names.get(found, ANONYMOUS)
+        return True, hashlib.sha256(found).hexdigest()[:16], found == self._admin, name
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -103,7 +109,7 @@ class RequestIdAndAuth:
             await refuse(send_with_id, status, why, "invalid_request_error", code)
             return
 
-        accepted, owner, admin = self._owner(headers.get(b"authorization", b""), headers.get(b"x-api-key", b""))
+        accepted, owner, admin, name = self._owner(headers.get(b"authorization", b""), headers.get(b"x-api-key", b""))
         # the chat page itself is public (it asks for the key); its calls carry the key
         if not accepted and path not in ("/health", "/ready", "/"):
             await refuse(send_with_id, 401, "missing or wrong API key", "authentication_error")
@@ -114,7 +120,13 @@ class RequestIdAndAuth:
             status, why, code = refused
             await refuse(send_with_id, status, why, "invalid_request_error", code)
             return
-        scope["state"].update(owner=owner, admin=admin, admin_required=self._admin is not None, key_accepted=accepted)
+        scope["state"].update(
+            owner=owner,
+            admin=admin,
+            admin_required=self._admin is not None,
+            key_accepted=accepted,
+            key_name=name,
+        )
         # The body limit: a declared length over it is refused before a byte is read; any other
         # body is read here (at most the limit, so memory stays bounded) and refused the moment
         # it passes it, before the app sees anything; the app gets the body replayed.

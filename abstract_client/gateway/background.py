@@ -140,6 +140,9 @@ class BackgroundStore:
         self.config, self.flights, self.metrics, self.stop_recorded = config, flights, metrics, stop_recorded
         # the gateway's Upstreams.finished: (backend, status, error)
         self.on_finished: Callable[[str, int, BaseException | None], None] | None = None
+        # the gateway's accounting: a response's usage when it ends, and its key's slot weight
+        self.on_ended: Callable[[Flight, str, int], None] | None = None
+        self.weight: Callable[[str], int] = lambda key: 1
         self.items: OrderedDict[str, Background] = OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -242,6 +245,8 @@ class BackgroundStore:
             flight.finished = True
             self.flights.pop(flight.call_id, None)
             self.metrics.finished(backend.name, "responses", status)
+            if self.on_ended is not None:
+                self.on_ended(flight, "responses", status)
             if self.on_finished is not None:
                 self.on_finished(backend.name, status, flight.error)
             record.end()
@@ -253,7 +258,7 @@ class BackgroundStore:
         with anyio.CancelScope() as queued:
             flight.queue_scope = queued
             with anyio.move_on_after(backend.cfg.queue_timeout) as waited:
-                await backend.slots.acquire()
+                await backend.slots.acquire(flight.key, self.weight(flight.key))
         flight.queue_scope = None
         if queued.cancelled_caught:
             stop = GenerationCancelledError(
@@ -266,6 +271,7 @@ class BackgroundStore:
             message = f"{backend.name} is busy: no slot within {backend.cfg.queue_timeout}s"
             record.append(builder.failed_with("queue_timeout", message), limit)
             return 503
+        flight.admitted_at = time.perf_counter()
         try:
             record.append(builder.started(), limit)
             stream = backend.llm.astream(**kwargs, signal=flight.controller.signal, request_id=flight.call_id)
@@ -273,9 +279,11 @@ class BackgroundStore:
                 async for chunk in stream:
                     events = builder.chunk(chunk)
                     if events:
+                        if flight.first_token_at is None:
+                            flight.first_token_at = time.perf_counter()
                         record.append(events, limit)
             result: GenerateResult = stream.result()
-            self.metrics.prompt(backend.name, result.usage)
+            flight.answered(result.usage, self.metrics)
             record.append(builder.finished(result), limit)
             return 200
         except GenerationCancelledError as err:
@@ -291,7 +299,7 @@ class BackgroundStore:
             record.append(builder.failed(err), limit)
             return error_body(err)[0]
         finally:
-            backend.slots.release()
+            backend.slots.release(flight.key)
 
 
 async def cancelled(record: Background) -> None:

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .keys import ADMIN, ANONYMOUS, KEY_NAME, Limits, NamedKey, hashed_name, parse_limits
+
 __all__ = ["BackendConfig", "ConfigError", "GatewayConfig", "key_from_env", "load_config"]
 
 
@@ -42,6 +44,10 @@ class BackendConfig:
     options: dict[str, Any] = field(default_factory=dict)
     max_concurrent: int = 4  # generations running at once on this backend
     queue_timeout: float = 30.0  # seconds a request may wait for a slot before a 503
+    # slots a key already holding one may not take: kept for another key's next request, so a
+    # short question never waits behind a whole batch of one key's long answers (fair.py)
+    reserved_slots: int = 0
+    fair_queuing: bool = True  # False: the next slot goes to the first come, whoever its key
 
     def __post_init__(self) -> None:
         where = f"backend {self.name!r}"
@@ -59,6 +65,10 @@ class BackendConfig:
         _check(self.queue_timeout, (int, float), f"{where}: queue_timeout")
         if self.max_concurrent < 1 or not math.isfinite(self.queue_timeout) or self.queue_timeout < 0:
             raise ConfigError(f"{where}: max_concurrent must be >= 1 and queue_timeout >= 0")
+        _check(self.fair_queuing, bool, f"{where}: fair_queuing")
+        _check(self.reserved_slots, int, f"{where}: reserved_slots")
+        if not 0 <= self.reserved_slots < self.max_concurrent:
+            raise ConfigError(f"{where}: reserved_slots must be >= 0 and below max_concurrent ({self.max_concurrent})")
 
 
 @dataclass(slots=True)
@@ -96,6 +106,13 @@ class GatewayConfig:
     health_interval: float = 5.0  # seconds between the background probes of each backend (upstreams.py)
     # a request's model must name a backend, even on a one-backend gateway (else: any name reaches it)
     strict_model_names: bool = False
+    # Named client keys ([[key]]: usage and limits say the name, never the key) and their
+    # limits ([limits.<name>]; [limits.default] for every client key without its own)
+    keys: list[NamedKey] = field(default_factory=list)
+    limits: dict[str, Limits] = field(default_factory=dict)
+    usage: bool = True  # account every request (usage.py): off only to measure what it costs
+    data_dir: str | None = None  # where usage.sqlite3 lives (default: data_home())
+    usage_retention_days: float = 90.0  # usage records older than this are deleted
 
     def __post_init__(self) -> None:
         if not self.backends:
@@ -162,6 +179,56 @@ class GatewayConfig:
                 raise ConfigError(f"{name} has leading or trailing whitespace, which no client would send")
             if not key.strip():
                 raise ConfigError(f"{name} has an empty key: refusing to serve with a key nobody can send")
+        self._check_keys()
+        _check(self.usage, bool, "usage")
+        _check(self.usage_retention_days, (int, float), "usage_retention_days")
+        if not (math.isfinite(self.usage_retention_days) and self.usage_retention_days > 0):
+            raise ConfigError("usage_retention_days must be > 0")
+        if self.data_dir is not None:
+            _check(self.data_dir, str, "data_dir")
+
+    def _check_keys(self) -> None:
+        names: list[str] = []
+        for named in self.keys:
+            if not isinstance(named, NamedKey):
+                raise ConfigError("keys must be [[key]] tables with a name and a key (or key_env)")
+            if not isinstance(named.name, str) or not KEY_NAME.match(named.name):
+                raise ConfigError(f"a key's name must be 1-64 of [A-Za-z0-9._-], not {named.name!r:.70}")
+            if named.name in (ADMIN, ANONYMOUS, "default"):
+                raise ConfigError(f"a key may not be named {named.name!r} (the gateway's own name for it)")
+            _check(named.key, str, f"key {named.name!r}")
+            if not named.key.strip() or named.key != named.key.strip():
+                raise ConfigError(f"key {named.name!r} is empty or has leading or trailing whitespace")
+            names.append(named.name)
+        if len(set(names)) != len(names):
+            raise ConfigError(f"key names must be unique: {names}")
+        every = [k.key for k in self.keys] + [k for k in (self.api_key, *self.api_keys, self.admin_key) if k]
+        if len(set(every)) != len(every):
+            raise ConfigError("the same key is configured twice: usage could not say whose a request is")
+        _check(self.limits, dict, "limits")
+        known = set(self.key_names()) | {"default"}
+        for name, limits in self.limits.items():
+            if name not in known:
+                raise ConfigError(f"[limits.{name}]: no key is named {name!r} (keys: {sorted(known - {'default'})})")
+            if not isinstance(limits, Limits):
+                raise ConfigError(f"[limits.{name}] must be a table of limits")
+
+    def key_names(self) -> dict[str, str]:
+        """Every client key (and the admin key) by the name usage and limits know it by."""
+        named = {k.key: k.name for k in self.keys}
+        for key in (self.api_key, *self.api_keys):
+            if key:
+                named[key] = hashed_name(key)
+        if self.admin_key:
+            named[self.admin_key] = ADMIN
+        return {name: key for key, name in named.items()}
+
+    def limits_for(self, name: str) -> Limits | None:
+        """A key's limits: its own table, else the default (never for the admin key)."""
+        own = self.limits.get(name)
+        if own is not None or name == ADMIN:
+            return own
+        return self.limits.get("default")
 
 
 def key_from_env(name: str) -> str:
@@ -202,6 +269,9 @@ _SERVER_KEYS = {
     "private_image_urls",
     "health_interval",
     "strict_model_names",
+    "data_dir",
+    "usage",
+    "usage_retention_days",
 }
 _BACKEND_KEYS = set(BackendConfig.__dataclass_fields__)
 
@@ -218,9 +288,11 @@ def load_config(path: str | Path) -> GatewayConfig:
         raise ConfigError(f"cannot read {path}: {exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}") from None
-    unknown = set(data) - {"server", "backend"}
+    unknown = set(data) - {"server", "backend", "key", "limits"}
     if unknown:
-        raise ConfigError(f"{path}: unknown table(s) {sorted(unknown)} (expected [server] and [[backend]])")
+        raise ConfigError(
+            f"{path}: unknown table(s) {sorted(unknown)} (expected [server], [[backend]], [[key]], [limits])"
+        )
     server = dict(data.get("server") or {})
     unknown = set(server) - _SERVER_KEYS
     if unknown:
@@ -242,4 +314,28 @@ def load_config(path: str | Path) -> GatewayConfig:
         if "name" not in entry or "provider" not in entry:
             raise ConfigError(f"{path}: a [[backend]] needs name and provider: {entry}")
         backends.append(BackendConfig(**entry))
-    return GatewayConfig(backends=backends, **server)
+    keys = _named_keys(path, data.get("key") or [])
+    names = {k.name for k in keys} | {hashed_name(k) for k in server.get("api_keys") or [] if isinstance(k, str)}
+    if isinstance(server.get("api_key"), str):
+        names.add(hashed_name(server["api_key"]))
+    if server.get("admin_key"):
+        names.add(ADMIN)
+    limits = parse_limits(data.get("limits") or {}, names, ConfigError)
+    return GatewayConfig(backends=backends, keys=keys, limits=limits, **server)
+
+
+def _named_keys(path: str | Path, entries: Any) -> list[NamedKey]:
+    """``[[key]]`` tables: ``name`` and ``key`` or ``key_env`` (the variable holding it)."""
+    if not isinstance(entries, list):
+        raise ConfigError(f"{path}: keys are [[key]] tables")
+    keys = []
+    for entry in entries:
+        unknown = set(entry) - {"name", "key", "key_env"}
+        if unknown or "name" not in entry or ("key" in entry) == ("key_env" in entry):
+            raise ConfigError(f"{path}: a [[key]] has a name and one of key, key_env; not {sorted(entry)}")
+        key = entry.get("key")
+        if "key_env" in entry:
+            _check(entry["key_env"], str, "key_env")
+            key = key_from_env(entry["key_env"])
+        keys.append(NamedKey(entry["name"], key))
+    return keys

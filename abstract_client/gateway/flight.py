@@ -11,16 +11,22 @@ from typing import Any
 
 import anyio
 
+from ..errors import GenerationCancelledError
 from ..llm import LLM
 from ..registry import create_llm
 from ..stopping.abort import AbortController
+from ..types import Usage
 from .config import BackendConfig, ConfigError
+from .fair import FairSlots
+from .keys import ANONYMOUS
+from .limits import Admission
 
 __all__ = ["Backend", "Flight"]
 
 
 class Backend:
-    """One served model: its LLM and its slots (``max_concurrent`` generations at once)."""
+    """One served model: its LLM and its slots (``max_concurrent`` generations at once, shared
+    between keys: ``fair.FairSlots``)."""
 
     def __init__(self, cfg: BackendConfig, *, private_image_urls: bool = False) -> None:
         self.cfg = cfg
@@ -35,7 +41,7 @@ class Backend:
         self.llm.image_limits = dataclasses.replace(
             self.llm.image_limits, local_files=False, private_urls=private_image_urls
         )
-        self.slots = anyio.Semaphore(cfg.max_concurrent)
+        self.slots = FairSlots(cfg.max_concurrent, reserved=cfg.reserved_slots, fair=cfg.fair_queuing)
 
     @property
     def name(self) -> str:
@@ -69,7 +75,27 @@ class Flight:
         self.finished = False  # the response is done: a late disconnect is not its stop
         self.error: BaseException | None = None  # what failed it (upstreams.py reads a connect failure)
         self._loop = loop  # where a stop from another thread sends its bookkeeping
+        # what it cost (accounting.py): whose, when, and what the engine counted
+        self.key = ANONYMOUS  # the name of the key it came with
+        self.arrived_at = time.time()
+        self.started_at = time.perf_counter()
+        self.admitted_at: float | None = None  # a slot taken (perf_counter)
+        self.first_token_at: float | None = None  # the first token sent to its client (streams)
+        self.usage: Usage | None = None  # a complete answer's
+        self.stop_error: GenerationCancelledError | None = None  # a stop's (its usage at the stop)
+        self.admission: Admission | None = None  # its key's limits, settled when it ends
+        # an in-process engine drains behind a stopped call: its count is final once it settled
+        self.settling = False
+        self.engine_usage: Usage | None = None  # the engine's own count, once settled
+        self.unaccounted: tuple[str, int] | None = None  # (route, status) waiting for the engine
+        self.accounted = False
         self._claim_lock = threading.Lock()
+
+    def answered(self, usage: Usage | None, metrics: Any) -> None:
+        """A complete answer's usage (the engine's count): for its key's account (accounting.py)
+        and the gateway's metrics."""
+        self.usage = usage
+        metrics.prompt(self.backend.name, usage)
 
     def _claim(self, reason: str) -> bool:
         """Record the stop's reason (the first wins, from any thread)."""

@@ -65,7 +65,7 @@ def generation_endpoint(gateway: Gateway, *, chat: bool) -> Callable[[Request], 
         async def run(flight: Flight, send: Send) -> int:
             return await kind(gateway, flight, send, kwargs, model_name, chat=chat, include_usage=include_usage)
 
-        return GenerationResponse(gateway, backend, request_id, endpoint, run)
+        return GenerationResponse(gateway, backend, request_id, endpoint, run, max_tokens=kwargs.get("max_tokens"))
 
     return handle
 
@@ -84,7 +84,7 @@ async def whole_generation(
         result = await flight.backend.llm.agenerate(
             **kwargs, signal=flight.controller.signal, request_id=flight.call_id
         )
-        gateway.metrics.prompt(flight.backend.name, result.usage)
+        flight.answered(result.usage, gateway.metrics)
         return (chat_completion if chat else text_completion)(result, flight.request_id, model)
 
     return await whole_answer(gateway, flight, send, produce)
@@ -208,12 +208,14 @@ async def _write_stream(
         async for chunk in stream:
             data = frames.chunk(chunk)
             if data:
+                if flight.first_token_at is None:
+                    flight.first_token_at = time.perf_counter()
                 writer.start()
                 writer.write(data)
                 if writer.behind:
                     await writer.room()
     result: GenerateResult = stream.result()
-    gateway.metrics.prompt(flight.backend.name, result.usage)
+    flight.answered(result.usage, gateway.metrics)
     return result
 
 
@@ -244,6 +246,7 @@ def embeddings_endpoint(gateway: Gateway) -> Callable[[Request], Awaitable[Any]]
                     signal=flight.controller.signal,
                     request_id=flight.call_id,
                 )
+                flight.usage = result.usage  # billed to its key; not a generation's prompt in /metrics
                 data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(result.vectors)]
                 n = result.usage.prompt_tokens if result.usage and result.usage.prompt_tokens else 0
                 return {
@@ -255,7 +258,7 @@ def embeddings_endpoint(gateway: Gateway) -> Callable[[Request], Awaitable[Any]]
 
             return await whole_answer(gateway, flight, send, produce)
 
-        return GenerationResponse(gateway, backend, request_id_of(request), "embeddings", run)
+        return GenerationResponse(gateway, backend, request_id_of(request), "embeddings", run, max_tokens=0)
 
     return handle
 

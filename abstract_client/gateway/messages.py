@@ -79,12 +79,14 @@ def messages_endpoint(gateway: Gateway) -> Callable[[Request], Awaitable[Any]]:
                 result = await flight.backend.llm.agenerate(
                     **kwargs, signal=flight.controller.signal, request_id=flight.call_id
                 )
-                gateway.metrics.prompt(flight.backend.name, result.usage)
+                flight.answered(result.usage, gateway.metrics)
                 return message_body(result, flight.request_id, model)
 
             return await whole_answer(gateway, flight, send, produce, anthropic_shape)
 
-        return GenerationResponse(gateway, backend, request_id_of(request), "messages", run, anthropic_shape)
+        return GenerationResponse(
+            gateway, backend, request_id_of(request), "messages", run, anthropic_shape, max_tokens=kwargs["max_tokens"]
+        )
 
     return handle
 

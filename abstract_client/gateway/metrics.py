@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict, deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 __all__ = ["BUCKETS", "Metrics", "PREFIX"]
@@ -29,6 +29,7 @@ class Metrics:
         self._count = 0
         self._sum = 0.0
         self.chain_ms: deque[float] = deque(maxlen=10_000)  # the latest stop chains, for benchmarks
+        self.more: list[Callable[[], list[Any]]] = []  # other families (the per-key accounting)
 
     def started(self, backend: str) -> None:
         with self._lock:
@@ -143,3 +144,5 @@ class _Snapshot:
 
     def collect(self) -> Iterator[Any]:
         yield from self._metrics.families(self._backends, self._fleets)
+        for families in self._metrics.more:
+            yield from families()

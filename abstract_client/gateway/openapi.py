@@ -48,7 +48,7 @@ _ERRORS = {
         (409, "a request with this X-Request-Id is in flight"),
         (413, "the body is larger than the limit"),
         (422, "the answer does not match response_format or the tools"),
-        (429, "the backend is rate limiting"),
+        (429, "a key's limit (Retry-After), or the backend is rate limiting"),
         (499, "stopped (the client left, the cancel endpoint, shutdown)"),
         (502, "the backend failed"),
         (503, "busy (Retry-After) or unavailable"),
@@ -642,6 +642,34 @@ _HEALTH = {
 }
 
 
+_USAGE_ROW = {
+    "type": "object",
+    "required": ["day", "key", "model", "outcome", "requests", "prompt_tokens", "cached_tokens", "generated_tokens"],
+    "properties": {
+        "day": {"type": "string", "format": "date"},
+        "key": {"type": "string"},
+        "model": {"type": "string"},
+        "outcome": {"enum": ["completed", "stopped", "error", "refused"]},
+        **{
+            n: {"type": "integer", "minimum": 0}
+            for n in ("requests", "prompt_tokens", "cached_tokens", "generated_tokens")
+        },
+    },
+}
+_USAGE = {
+    "type": "object",
+    "required": ["object", "key", "start", "end", "data", "records_dropped"],
+    "properties": {
+        "object": {"const": "usage"},
+        "key": {"type": ["string", "null"]},
+        "start": {"type": ["string", "null"]},
+        "end": {"type": ["string", "null"]},
+        "data": {"type": "array", "items": _USAGE_ROW},
+        "records_dropped": {"type": "integer", "minimum": 0},
+    },
+}
+
+
 def _json_ok(description: str, schema: dict[str, Any] | None = None, *, frame: str | None = None) -> dict[str, Any]:
     content: dict[str, Any] = {"application/json": {"schema": schema or {"type": "object"}}}
     if frame is not None:
@@ -750,6 +778,18 @@ def openapi_document(*, ui: bool = False) -> dict[str, Any]:
                     "summary": "what the gateway measured for a stopped request",
                     "parameters": [path_id],
                     "responses": {"200": _json_ok("the stop's record"), **_ERRORS},
+                }
+            },
+            "/v1/usage": {
+                "get": {
+                    "summary": "requests and tokens by day, key, model and outcome (the admin key: every key's;"
+                    " a client key: its own)",
+                    "parameters": [
+                        {"name": name, "in": "query", "required": False, "schema": {"type": "string", "format": "date"}}
+                        for name in ("start", "end")
+                    ]
+                    + [{"name": "key", "in": "query", "required": False, "schema": {"type": "string"}}],
+                    "responses": {"200": _json_ok("the usage", _USAGE), **_ERRORS},
                 }
             },
             "/v1/responses": _post(

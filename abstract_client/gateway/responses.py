@@ -40,6 +40,8 @@ from .background import OWNER_END, OWNER_LOST, ResponseRecord, read_query
 from .body import error_response, no_backend, read_json, request_id_of, store_unavailable
 from .generation import stream_answer, whole_answer
 from .hosts import StoreUnavailable
+from .keys import ANONYMOUS
+from .limits import Refusal
 from .reader_stream import ReaderStream
 from .request_ids import scoped
 from .state import Backend, Flight, Gateway
@@ -75,7 +77,7 @@ def responses_endpoint(gateway: Gateway) -> Callable[[Request], Awaitable[Any]]:
                 return await stream_answer(gateway, flight, send, kwargs, _ResponseFrames(builder))
             return await _foreground_whole(gateway, flight, send, kwargs, builder)
 
-        return GenerationResponse(gateway, backend, request_id, "responses", run)
+        return GenerationResponse(gateway, backend, request_id, "responses", run, max_tokens=kwargs.get("max_tokens"))
 
     return handle
 
@@ -94,7 +96,14 @@ async def _start_background(
     except (TypeError, ValueError) as err:
         return error_response(err)
     store = gateway.background
+    name = request.scope["state"].get("key_name") or ANONYMOUS
+    admitted = gateway.accounting.admit(name, kwargs.get("max_tokens"))  # before the 200, as a foreground one
+    if isinstance(admitted, Refusal):
+        gateway.accounting.refused(name, backend.name, "responses", request_id_of(request), admitted.limit)
+        body = openai_error(admitted.message, "rate_limit_error", admitted.limit)
+        return JSONResponse(body, 429, headers={"retry-after": str(admitted.retry_after)})
     if not store.room():
+        admitted.settle(0)
         message = f"this gateway holds {gateway.config.max_background} background responses (max_background)"
         return JSONResponse(openai_error(message, "rate_limit_error", "too_many_background_responses"), 429)
     prefix = f"w{gateway.peers.index}_" if gateway.peers is not None else ""
@@ -102,10 +111,12 @@ async def _start_background(
     owner = request.scope["state"].get("owner")
     flight = Flight(builder.id, backend, write_timeout=gateway.config.write_timeout, loop=asyncio.get_running_loop())
     flight.owner, flight.call_id = owner, scoped(builder.id, owner)
+    flight.key, flight.admission = name, admitted
     record = store.new_record(builder, flight, owner)
     try:
         await record.open()  # in the store, before its 200: any host can read it from then on
     except StoreUnavailable as exc:
+        admitted.settle(0)
         return store_unavailable(exc)
     store.start(record, kwargs)
     if stream:
@@ -125,7 +136,7 @@ async def _foreground_whole(
     async def produce() -> Any:
         llm = flight.backend.llm
         result = await llm.agenerate(**kwargs, signal=flight.controller.signal, request_id=flight.call_id)
-        gateway.metrics.prompt(flight.backend.name, result.usage)
+        flight.answered(result.usage, gateway.metrics)
         for chunk in _result_chunks(result):
             builder.chunk(chunk)
         builder.finished(result)

@@ -11,6 +11,7 @@ import re
 from importlib.resources import files
 from typing import Any
 
+import anyio
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 
@@ -21,6 +22,7 @@ from .hosts import StoreUnavailable
 from .openapi import openapi_document
 from .request_ids import flights_named, scoped
 from .state import Gateway
+from .usage import day_of
 
 __all__ = [
     "CHAT_PAGE",
@@ -33,6 +35,7 @@ __all__ = [
     "openapi",
     "ready",
     "stop_record",
+    "usage",
 ]
 
 CHAT_PAGE = files(__package__).joinpath("chat.html").read_text(encoding="utf-8")  # --ui: served at "/"
@@ -185,3 +188,54 @@ async def load_or_unload(request: Request) -> Response:
         "memory_after": report.memory_after,
     }
     return JSONResponse(answer)
+
+
+async def usage(request: Request) -> Response:
+    """``GET /v1/usage?start=YYYY-MM-DD&end=YYYY-MM-DD&key=NAME``: requests and tokens by day,
+    key, model and outcome (stopped answers apart from completed ones). The admin key reads every
+    key's (``key`` picks one); a client key reads its own: another key's name is a 404, whether
+    or not that key exists."""
+    gateway, state = _gateway(request), request.scope["state"]
+    accounting = gateway.accounting
+    if accounting.log is None:
+        return _not_found("usage accounting is off on this gateway (usage = false)")
+    query = request.query_params
+    unknown = set(query) - {"start", "end", "key"}
+    if unknown:
+        return _bad_query(f"unknown query parameter(s) {sorted(unknown)}; known: start, end, key")
+    days = {}
+    for name in ("start", "end"):
+        value = query.get(name)
+        if value is None:
+            continue
+        try:
+            days[name] = day_of(name, value)
+        except ValueError as exc:
+            return _bad_query(str(exc))
+    own = state.get("key_name")
+    key = query.get("key")
+    if state.get("admin") or (not state.get("admin_required") and own == "anonymous"):
+        if key is not None and key not in accounting.names:
+            return _not_found(f"no key named {key[:70]!r}")
+    elif key is not None and key != own:
+        return _not_found(f"no key named {key[:70]!r}")  # whether it exists is not a client's to learn
+    else:
+        key = own
+    log = accounting.log
+    try:
+        rows = await anyio.to_thread.run_sync(lambda: log.rows(key=key, **days))
+    except log.store.errors as exc:
+        return store_unavailable(exc if isinstance(exc, Exception) else Exception(str(exc)))
+    body = {
+        "object": "usage",
+        "key": key,
+        "start": days.get("start"),
+        "end": days.get("end"),
+        "data": rows,
+        "records_dropped": log.dropped,
+    }
+    return JSONResponse(body)
+
+
+def _bad_query(message: str) -> JSONResponse:
+    return JSONResponse(openai_error(message, "invalid_request_error", "invalid_query"), 400)

@@ -8,6 +8,7 @@ import socket
 from typing import Any
 
 from ..registry import runs_in_process
+from .accounting import usage_path
 from .app import create_app
 from .config import ConfigError, GatewayConfig
 from .protocol import protocol_class
@@ -26,6 +27,7 @@ def serve(config: GatewayConfig) -> None:
     ``workers > 1`` (HTTP lanes only), that many processes share the port (:mod:`.workers`)."""
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream request is noise
+    check_usage_store(config)  # an unwritable database is one line at start-up, before any worker
     if config.workers == 1:
         _serve_one(config, None, None)
         return
@@ -43,6 +45,18 @@ def serve(config: GatewayConfig) -> None:
     log.info("serving on %s:%d with %d workers", config.host, bound.getsockname()[1], config.workers)
     # with a store, every worker is a host of it: one mechanism between workers and hosts
     run_workers(config.workers, bound, lambda peers: _serve_one(config, None if config.store else peers, bound))
+
+
+def check_usage_store(config: GatewayConfig) -> None:
+    """The usage database can be written (else a :class:`ConfigError`, said before serving)."""
+    if not config.usage or config.store is not None:  # a shared store may come up after this host
+        return
+    from .usage import UsageLog, UsageUnwritable
+
+    try:
+        UsageLog(usage_path(config), retention_days=config.usage_retention_days).close()
+    except UsageUnwritable as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _family(host: str) -> socket.AddressFamily:

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..errors import GenerationCancelledError
 from ..provider import engine_record
+from .accounting import Accounting
 from .background import BackgroundStore
 from .config import GatewayConfig
 from .flight import Backend, Flight
@@ -32,6 +33,8 @@ class Gateway:
         self.config = config
         self.backends = {b.name: Backend(b, private_image_urls=config.private_image_urls) for b in config.backends}
         self.metrics = Metrics()
+        self.accounting = Accounting(config)  # limits per key, usage records, per-key counters
+        self.metrics.more.append(self.accounting.families)
         self.upstreams = Upstreams(self.backends.values(), interval=config.health_interval)
         self.flights: dict[str, Flight] = {}
         # the latest stops, by request id (GET /v1/requests/{id}: what the chat page shows)
@@ -52,6 +55,8 @@ class Gateway:
             self.hosts.on_op = lambda words: answer_op(self, words)
             self.background = SharedBackgroundStore(config, self.flights, self.metrics, self.stop_recorded, self.hosts)
         self.background.on_finished = self.upstreams.finished
+        self.background.on_ended = self.accounting.account
+        self.background.weight = self.accounting.weight
 
     def backend_for(self, model: Any, *, exact: bool = False) -> Backend | None:
         """The backend serving ``model``. A generation on a one-backend gateway reaches it by
@@ -142,6 +147,7 @@ class Gateway:
         self.stop_all()
         for backend in self.backends.values():
             await backend.llm.aclose()
+        self.accounting.close()
 
     def stop_recorded(self, flight: Flight, err: GenerationCancelledError) -> None:
         """Record a stop whose caller was just released. An in-process engine drains behind its
@@ -149,6 +155,7 @@ class Gateway:
         sampled after) and published once it has settled — on the loop, a moment later (the
         chat page polls ``GET /v1/requests/{id}`` for it)."""
         released = time.perf_counter()
+        flight.stop_error = err  # what it cost up to the stop (accounting.py)
         record: dict[str, Any] = {
             "request_id": flight.request_id,
             "owner": flight.owner,
@@ -162,6 +169,7 @@ class Gateway:
         if engine is None:  # over HTTP the engine stopped when its connection was severed: now
             self._engine_stopped(flight, record, released, None)
             return
+        flight.settling = True  # its usage is the engine's, once it settled (accounting.py)
         loop = self.loop
         if loop is None:
             engine.when_settled(lambda: self._engine_stopped(flight, record, released, engine))
@@ -185,6 +193,10 @@ class Gateway:
         record["stop_to_engine_stopped_ms"] = seconds * 1000
         if engine is not None and engine.tokens_at_stop is not None:
             record["tokens_after_stop"] = engine.tokens - engine.tokens_at_stop
+        if engine is not None:
+            flight.engine_usage, flight.settling = engine.usage_at_stop(), False
+            if flight.unaccounted is not None:  # its request ended first: accounted now, exactly
+                self.accounting.account(flight, *flight.unaccounted)
         self.stop_records[flight.call_id] = record  # published complete (GET /v1/requests/{id})
         if self.hosts is not None:  # ... and to every host (best effort: a foreground call never waits on it)
             self._spawn(self.hosts.put_stop_record(flight.call_id, record))

@@ -21,7 +21,7 @@ from ..http.chunk_decoder import SSEChunks
 from ..http.wire import load_frame
 from ..provider import Completion, EmbeddingBatch
 from ..types import GenerationRequest, Message, ResponseFormat, StreamChunk, ToolCall, ToolCallDelta, Usage
-from .timings import timings_from
+from .timings import timings_from, usage_of_timings
 from .wire import Wire, register
 
 __all__ = [
@@ -149,7 +149,8 @@ def chat_chunks(obj: Any) -> list[StreamChunk]:
         reasoning=reasoning,
         tool_call=pieces[0] if pieces else None,
         finish_reason=finish if isinstance(finish, str) else None,
-        usage=None if usage is None else usage_from(usage),  # most chunks carry neither
+        # most chunks carry neither; llama-server's may carry its count so far in timings
+        usage=usage_from(usage) if usage is not None else None if timings is None else usage_of_timings(timings),
         timings=None if timings is None else timings_from(timings),
         model=model if isinstance(model, str) else None,
         raw=obj,

@@ -1,0 +1,198 @@
+"""Who used the gateway and what it cost: every flight (``flight.Flight``) is admitted against
+its key's limits (``limits.py``) and, when it ends, accounted once — its key's counts settle to
+what the engine counted, a :class:`~.usage.UsageRecord` goes to the usage log, and the
+per-key counters of ``/metrics`` move.
+
+What a request cost comes from the library's own result or stop: a complete answer's usage, a
+stopped answer's usage at its stop (an in-process engine's own count of what it sampled; over
+HTTP, what the server reported), an error's partial usage. A request that never reached an
+engine (refused by a limit, a full queue, stopped while queued) costs nothing."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import AbstractClientError
+from .config import ConfigError, GatewayConfig
+from .keys import ANONYMOUS
+from .limits import UNLIMITED, Admission, Limiter, Refusal, period_bounds
+from .usage import UsageLog, UsageRecord, UsageUnwritable, data_home
+
+if TYPE_CHECKING:
+    from .flight import Flight
+
+__all__ = ["Accounting", "usage_path"]
+
+log = logging.getLogger("abstract_client.gateway")
+
+
+def usage_path(config: GatewayConfig) -> Path:
+    return Path(config.data_dir).expanduser() / "usage.sqlite3" if config.data_dir else data_home() / "usage.sqlite3"
+
+
+class Accounting:
+    def __init__(self, config: GatewayConfig) -> None:
+        names = [*config.key_names(), ANONYMOUS] if (config.api_key or config.api_keys or config.keys) else [ANONYMOUS]
+        self.names = set(names) | set(config.key_names())
+        self.limits = {name: config.limits_for(name) for name in self.names}
+        self.weights = {name: (lim.weight if lim is not None else 1) for name, lim in self.limits.items()}
+        self.log: UsageLog | None = None
+        if config.usage:
+            try:
+                self.log = UsageLog(usage_path(config), retention_days=config.usage_retention_days, store=config.store)
+            except UsageUnwritable as exc:
+                raise ConfigError(str(exc)) from None
+        self.limiter = Limiter(self.limits, self._spent_in_periods())
+        self._lock = threading.Lock()
+        # per key and backend (both bounded by the config: a key nobody configured is a 401)
+        self.requests: dict[tuple[str, str, str], int] = defaultdict(int)  # (key, model, outcome)
+        self.tokens: dict[tuple[str, str, str], int] = defaultdict(int)  # (key, model, kind)
+        self.refusals: dict[tuple[str, str], int] = defaultdict(int)  # (key, limit)
+
+    def _spent_in_periods(self) -> dict[str, int]:
+        """What each key with a budget spent in its period before this process started."""
+        if self.log is None:
+            return {}
+        now, spent = time.time(), {}
+        try:
+            for name, limits in self.limits.items():
+                if limits is not None and limits.token_budget is not None:
+                    start, _ = period_bounds(limits.budget_period, now)
+                    spent[name] = self.log.spent_since(start).get(name, 0)
+        except self.log.store.errors as exc:  # a shared store down at start-up: serve all the same
+            log.warning("usage: what the keys spent of their budgets could not be read (%s); counting from 0", exc)
+        return spent
+
+    def admit(self, key: str, max_tokens: Any) -> Admission | Refusal:
+        """Within the key's limits (an admission to settle at the end), or a refusal to send."""
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
+            max_tokens = None
+        admitted = self.limiter.admit(key, max_tokens)
+        if isinstance(admitted, Refusal):
+            with self._lock:
+                self.refusals[(key, admitted.limit)] += 1
+        return admitted
+
+    def weight(self, key: str) -> int:
+        return self.weights.get(key, 1)
+
+    def account(self, flight: Flight, route: str, status: int) -> None:
+        """The flight ended with ``status``: settle its key, log its record, count it (once)."""
+        if flight.accounted:
+            return
+        if flight.settling:  # an in-process engine still draining: when it settled (state.py)
+            flight.unaccounted = (route, status)
+            return
+        flight.accounted = True
+        try:
+            record = self.record_of(flight, route, status)
+        except Exception:  # accounting never fails a request: a defect here is logged, loudly
+            log.exception("usage: request %s could not be accounted", flight.request_id)
+            (flight.admission or UNLIMITED).settle(0)
+            return
+        (flight.admission or UNLIMITED).settle(record.computed_tokens)
+        self._count(record)
+        if self.log is not None:
+            self.log.add(record)
+
+    def refused(self, key: str, backend: str, route: str, request_id: str, why: str) -> None:
+        """A request refused before it reached an engine (a limit): on the record, at no cost."""
+        record = UsageRecord(time.time(), key, backend, route, request_id, "refused", why, total_ms=0.0)
+        self._count(record)
+        if self.log is not None:
+            self.log.add(record)
+
+    def _count(self, record: UsageRecord) -> None:
+        with self._lock:
+            self.requests[(record.key, record.model, record.outcome)] += 1
+            for kind in ("prompt_tokens", "cached_tokens", "generated_tokens"):
+                n = getattr(record, kind)
+                if n:
+                    self.tokens[(record.key, record.model, kind)] += n
+
+    @staticmethod
+    def record_of(flight: Flight, route: str, status: int) -> UsageRecord:
+        now = time.perf_counter()
+        usage, generated = flight.usage, None
+        reason: str | None = None
+        if flight.stop_error is not None:
+            outcome, reason = "stopped", flight.stop_error.reason
+            if flight.reason:
+                reason = flight.reason
+            generated = flight.stop_error.generated_tokens
+            usage = flight.stop_error.usage or usage
+            if flight.engine_usage is not None:  # the engine's own, final count
+                usage, generated = flight.engine_usage, flight.engine_usage.completion_tokens
+        elif status == 200 and flight.error is None:
+            outcome = "completed"
+        elif flight.admitted_at is None:  # never reached the engine: a full queue
+            outcome, reason = "refused", "queue_timeout" if status == 503 else str(status)
+        else:
+            outcome = "error"
+            err = flight.error
+            reason = type(err).__name__ if err is not None else str(status)
+            if isinstance(err, AbstractClientError):
+                usage, generated = err.usage or usage, err.generated_tokens
+        prompt = cached = 0
+        if usage is not None:
+            prompt, cached = usage.prompt_tokens or 0, usage.cached_tokens or 0
+        if generated is None:  # a stop's count is its own (the engine's, where it has one)
+            generated = usage.completion_tokens or 0 if usage is not None else 0
+        if flight.admitted_at is None:  # nothing ran: nothing to bill
+            prompt = cached = generated = 0
+        started = flight.started_at
+
+        def ms(at: float | None) -> float | None:
+            return None if at is None else round((at - started) * 1000, 3)
+
+        return UsageRecord(
+            started_at=flight.arrived_at,
+            key=flight.key,
+            model=flight.backend.name,
+            route=route,
+            request_id=flight.request_id,
+            outcome=outcome,
+            reason=reason,
+            prompt_tokens=prompt,
+            cached_tokens=cached,
+            generated_tokens=generated or 0,
+            queued_ms=ms(flight.admitted_at),
+            first_token_ms=ms(flight.first_token_at),
+            total_ms=ms(now),
+        )
+
+    def close(self) -> None:
+        if self.log is not None:
+            self.log.close()
+
+    def families(self) -> list[Any]:
+        from prometheus_client.core import CounterMetricFamily
+
+        from .metrics import PREFIX
+
+        requests = CounterMetricFamily(
+            f"{PREFIX}_key_requests", "Requests per key, model and outcome", labels=["key", "model", "outcome"]
+        )
+        tokens = CounterMetricFamily(
+            f"{PREFIX}_key_tokens",
+            "Tokens per key and model as the engine counted them (kind: prompt, cached, generated)",
+            labels=["key", "model", "kind"],
+        )
+        refusals = CounterMetricFamily(
+            f"{PREFIX}_key_limited", "Requests refused by a key's limit (429)", labels=["key", "limit"]
+        )
+        dropped = CounterMetricFamily(f"{PREFIX}_usage_records_dropped", "Usage records a failed write lost")
+        with self._lock:
+            for (k, m, o), n in sorted(self.requests.items()):
+                requests.add_metric([k, m, o], n)
+            for (k, m, kind), n in sorted(self.tokens.items()):
+                tokens.add_metric([k, m, kind.removesuffix("_tokens")], n)
+            for (k, lim), n in sorted(self.refusals.items()):
+                refusals.add_metric([k, lim], n)
+        dropped.add_metric([], self.log.dropped if self.log is not None else 0)
+        return [requests, tokens, refusals, dropped]
