@@ -107,19 +107,26 @@ def fair(tmp: Path, longs: int, long_tokens: int, questions: int) -> None:
     story = [{"role": "user", "content": "Write a very long story about a dragon."}]
     rows = []
     try:
-        for mode in ("idle", "fair", "first come first served"):
-            config = tmp / f"{mode[:4]}.toml"
+        modes = [
+            ("idle box (floor)", 0, ""),
+            ("3 long answers running, nothing queued (floor)", 3, "fair_queuing = false\n"),
+            ("fair, reserved_slots = 1", longs, "reserved_slots = 1\n"),
+            ("fair, no slot reserved", longs, ""),
+            ("first come first served", longs, "fair_queuing = false\n"),
+        ]
+        for n, (mode, batch, slots) in enumerate(modes):
+            config = tmp / f"{n}.toml"
             config.write_text(
-                f'[server]\nlog_level = "warning"\ndata_dir = "{tmp / mode[:4]}"\n\n'
+                f'[server]\nlog_level = "warning"\ndata_dir = "{tmp / str(n)}"\n\n'
                 f'[[backend]]\nname = "smollm2"\nprovider = "llamacpp"\nbase_url = "{llama.url}"\n'
-                f"max_concurrent = 4\nqueue_timeout = 600\n"
-                + ("reserved_slots = 1\n" if mode == "fair" else "fair_queuing = false\n" if mode != "idle" else "")
-                + '\n[[key]]\nname = "batch"\nkey = "batch-key"\n\n[[key]]\nname = "chat"\nkey = "chat-key"\n'
+                f"max_concurrent = 4\nqueue_timeout = 600\n{slots}"
+                '\n[[key]]\nname = "batch"\nkey = "batch-key"\n\n[[key]]\nname = "chat"\nkey = "chat-key"\n'
             )
-            gw = GatewayProcess.launch(["--config", str(config)], log_path=tmp / f"{mode[:4]}.log")
+            gw = GatewayProcess.launch(["--config", str(config)], log_path=tmp / f"{n}.log")
+            started = time.perf_counter()
             try:
                 threads = []
-                if mode != "idle":
+                if batch:
 
                     def long_one(url: str = gw.url) -> None:
                         body = {"model": "smollm2", "messages": story, "max_tokens": long_tokens, "ignore_eos": True}
@@ -130,7 +137,7 @@ def fair(tmp: Path, longs: int, long_tokens: int, questions: int) -> None:
                             timeout=1200,
                         )
 
-                    threads = [threading.Thread(target=long_one) for _ in range(longs)]
+                    threads = [threading.Thread(target=long_one) for _ in range(batch)]
                     for t in threads:
                         t.start()
                     time.sleep(3.0)  # every slot taken, the rest queued
@@ -145,20 +152,24 @@ def fair(tmp: Path, longs: int, long_tokens: int, questions: int) -> None:
                         headers={"Authorization": "Bearer chat-key"},
                         timeout=1200,
                     ) as r:
-                        for line in r.iter_lines():
-                            if '"content":"' in line.replace(" ", "") and '"content":""' not in line.replace(" ", ""):
+                        lines = r.iter_lines()
+                        for line in lines:
+                            compact = line.replace(" ", "")
+                            if '"content":"' in compact and '"content":""' not in compact:
                                 ttft.append((time.perf_counter() - t0) * 1000)
                                 break
-                        for _ in r.iter_lines():
+                        for _ in lines:  # the rest of the answer
                             pass
                 for t in threads:
                     t.join()
                 rows.append(
                     {
-                        "mode": mode if mode != "idle" else "idle box (floor)",
+                        "mode": mode,
                         "short key TTFT p50 ms": f"{pct(ttft, 50):.0f}",
                         "p99 ms": f"{pct(ttft, 99):.0f}",
+                        "max ms": f"{max(ttft):.0f}",
                         "questions": len(ttft),
+                        "wall s": f"{time.perf_counter() - started:.0f}",
                     }
                 )
             finally:

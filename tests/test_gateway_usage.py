@@ -327,7 +327,18 @@ def test_fair_slots_rules() -> None:
         reserved = FairSlots(3, reserved=1)
         assert reserved.try_acquire("a") and reserved.try_acquire("a")
         assert not reserved.try_acquire("a")  # the last slot is another key's
-        assert reserved.try_acquire("b")
+        queued = asyncio.create_task(reserved.acquire("a"))
+        await asyncio.sleep(0.01)
+        assert not queued.done() and reserved.waiting == 1
+        # another key's request takes the reserved slot at once, though a's waits in the queue
+        await asyncio.wait_for(reserved.acquire("b"), 1)
+        assert reserved.held == {"a": 2, "b": 1} and not queued.done()
+        reserved.release("a")  # one free: still kept from a, which holds one
+        await asyncio.sleep(0.01)
+        assert not queued.done()
+        reserved.release("b")  # two free: a may take one
+        await asyncio.wait_for(queued, 1)
+        assert reserved.held == {"a": 2}
 
     asyncio.run(main())
 

@@ -63,6 +63,7 @@ class FairSlots:
         self._weights[key] = weight
         self._queues.setdefault(key, deque()).append(waiter)
         self._arrived[waiter] = next(self._arrivals)
+        self._grant()  # a slot others may not take (reserved) may be this key's now
         try:
             await waiter
         except BaseException:
