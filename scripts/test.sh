@@ -34,7 +34,7 @@ print_phases() {
   done
   echo "| total | $((SECONDS - suite_start)) |"
 }
-trap 'print_phases' EXIT
+trap 'print_phases; rm -rf "$usage_dir"' EXIT
 
 echo ">> installing torch (the CPU build), then abstract-client with the dev, mlx, vlm, transformers and cli extras"
 log="$(mktemp)"
@@ -118,6 +118,7 @@ if [[ "${MUTATION:-1}" != "0" ]]; then
 fi
 trap - EXIT
 print_phases
+rm -rf "$usage_dir"
 # the suite's own closing line last, so that whoever reads the end reads pytest's count
 echo ">> pytest, as above:"
 grep -E "^=* *[0-9]+ (passed|failed)" "$pytest_log" | tail -n 1 || true
