@@ -186,6 +186,7 @@ def test_limits_answer_429_with_retry_after_in_the_routes_own_shape(upstream: Fa
         # never more than is left) and settles to what the engine did, 501: the next is refused
         third = bob.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=500)
         assert third.usage is not None and third.usage.completion_tokens == 500
+        assert wait_until(lambda: not gw.gateway.flights, 10)  # settled to what the engine did
         with pytest.raises(openai.RateLimitError) as tokens:
             bob.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=1)
         assert tokens.value.code == "tokens_per_minute"
@@ -204,6 +205,7 @@ def test_a_token_budget_holds_across_a_restart(upstream: FakeOpenAIServer, tmp_p
                 model="m", messages=[{"role": "user", "content": "x"}], max_tokens=12
             )
             assert answer.choices[0].finish_reason == "length"
+        assert wait_until(lambda: not gw.gateway.flights, 10)  # both accounted
         with pytest.raises(openai.RateLimitError) as spent:
             alice.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=1)
         assert spent.value.code == "token_budget"
@@ -429,6 +431,7 @@ def test_the_usage_command_prints_the_table(upstream: FakeOpenAIServer, tmp_path
         chat_client(gw, "alice-key").chat.completions.create(
             model="m", messages=[{"role": "user", "content": "x"}], max_tokens=3
         )
+        assert wait_until(lambda: not gw.gateway.flights, 10)  # accounted: it ends after its last byte
         env = {**__import__("os").environ, "ROOT_KEY": "root-key", "ALICE_KEY": "alice-key"}
         command = [sys.executable, "-m", "abstract_client", "usage"]
         over_http = subprocess.run(

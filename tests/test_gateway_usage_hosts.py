@@ -53,6 +53,12 @@ def ask(gw: InProcessGateway, key: str, max_tokens: int) -> openai.types.chat.Ch
     return api.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=max_tokens)
 
 
+def settled(gw: InProcessGateway) -> None:
+    """Every request of ``gw`` accounted: its client has its answer a moment before (the record
+    is made as the request ends, after the last byte is sent)."""
+    assert wait_until(lambda: not gw.gateway.flights, 10), list(gw.gateway.flights)
+
+
 def rows(gw: InProcessGateway, key: str = "root-key") -> list[dict[str, object]]:
     gw.gateway.accounting.log.flush()
     answer = httpx.get(gw.url + "/v1/usage", headers={"Authorization": f"Bearer {key}"}, timeout=30)
@@ -69,6 +75,8 @@ def test_any_host_answers_for_all_and_a_budget_holds_across_hosts(
         ask(a, "alice-key", 12)
         ask(a, "bob-key", 3)
         ask(b, "bob-key", 4)
+        settled(a)
+        settled(b)
         a.gateway.accounting.log.flush()
         seen = {(r["key"], r["requests"], r["generated_tokens"]) for r in rows(b)}
         assert seen == {("alice", 1, 12), ("bob", 2, 7)}
@@ -77,6 +85,7 @@ def test_any_host_answers_for_all_and_a_budget_holds_across_hosts(
     # a host started now reads what alice spent this week (13 of 20) from the store
     with host(upstream, redis, tmp_path / "c", limits=limits) as c:
         ask(c, "alice-key", 6)  # 13 spent: admitted, and 13 + 7 = 20 spends the budget
+        settled(c)
         with pytest.raises(openai.RateLimitError) as spent:
             ask(c, "alice-key", 1)
         assert spent.value.code == "token_budget"
@@ -89,6 +98,7 @@ def test_a_dead_store_drops_exactly_the_records_it_could_not_take(
     with host(upstream, redis, tmp_path) as gw:
         log = gw.gateway.accounting.log
         ask(gw, "alice-key", 2)
+        settled(gw)
         log.flush()
         assert log.written == 1
         redis.kill()
