@@ -117,3 +117,37 @@ def test_a_dead_store_drops_exactly_the_records_it_could_not_take(
     assert len(errors) == 1 and "not written" in errors[0]  # once for the streak, not once a batch
     back = [r.getMessage() for r in caplog.records if "usage: writing to" in r.getMessage()]
     assert len(back) == 1 and back[0].endswith("(3 dropped since start)")
+
+
+def test_a_malformed_counter_and_a_hanging_store_cost_nothing_but_their_own(
+    upstream: FakeOpenAIServer, redis: RedisServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An operator's edit (a counter that is not ours) is skipped and said once: the usage
+    answer and a starting host's budgets read the rest. A Redis that hangs (SIGSTOP: the
+    connection open, nothing answering, as a network that drops it silently) costs the batch
+    it held, counted, and never a request."""
+    import datetime as dt
+
+    import redis as redis_py
+
+    caplog.set_level(logging.INFO, logger="abstract_client.gateway")
+    day = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
+    direct = redis_py.Redis.from_url(redis.url)
+    direct.hset(f"ac:usage:{day}", mapping={"not a counter": "1", "alice\tm\tcompleted\tcomputed": "many"})
+    limits = {"alice": Limits(token_budget=1000, budget_period="day")}
+    with host(upstream, redis, tmp_path, limits=limits) as gw:  # the budget read past the bad fields
+        ask(gw, "alice-key", 2)
+        settled(gw)
+        assert [(r["key"], r["generated_tokens"]) for r in rows(gw)] == [("alice", 2)]
+        log = gw.gateway.accounting.log
+        redis.pause()
+        try:
+            assert ask(gw, "alice-key", 2).choices[0].finish_reason == "length"  # served meanwhile
+            assert wait_until(lambda: log.dropped == 1, 20), (log.dropped, log.written)
+        finally:
+            redis.resume()
+        ask(gw, "alice-key", 2)
+        assert wait_until(lambda: log.written == 2, 20), (log.dropped, log.written)
+    warned = [r.getMessage() for r in caplog.records if "malformed counter" in r.getMessage()]
+    assert len(warned) == 1
+    direct.close()

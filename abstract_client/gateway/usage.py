@@ -18,6 +18,7 @@ import os
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import astuple, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -164,14 +165,29 @@ class SQLiteUsage:
         self.db.close()
 
 
+# ARGV: (hash, field, n, expire-at) per counter. A field that is not an integer (an operator's
+# edit) is replaced, not an error: HINCRBY on it would fail the batch, and every batch after it.
+_ADD = """
+for i = 1, #ARGV, 4 do
+  local old = redis.call('HGET', ARGV[i], ARGV[i + 1])
+  if old and not tonumber(old) then
+    redis.call('HSET', ARGV[i], ARGV[i + 1], ARGV[i + 2])
+  else
+    redis.call('HINCRBY', ARGV[i], ARGV[i + 1], ARGV[i + 2])
+  end
+  redis.call('EXPIREAT', ARGV[i], ARGV[i + 3])
+end
+return 1
+"""
 _SUMS = ("requests", "prompt_tokens", "cached_tokens", "generated_tokens", "computed")
 
 
 class RedisUsage:
     """Several hosts (``--store redis://…``): every host adds its records to one hash per day
-    (``ac:usage:<day>``: a counter per key, model, outcome and sum, ``HINCRBY`` in one
-    pipeline per batch), so any host answers ``GET /v1/usage`` for all. A day's hash expires
-    ``retention`` after the day."""
+    (``ac:usage:<day>``: a counter per key, model, outcome and sum, added by one script per
+    batch), so any host answers ``GET /v1/usage`` for all. A day's hash expires ``retention``
+    after the day. A counter that is not ours (an operator's edit, another version's) is
+    skipped when read and replaced when written: never an error for the rest."""
 
     def __init__(self, url: str, retention: float) -> None:
         try:
@@ -184,24 +200,26 @@ class RedisUsage:
         self.errors: tuple[type[BaseException], ...] = (RedisError, OSError)
         self.where = _without_password(url)
         self.retention = retention
+        # a store that hangs, or a connection the network drops silently, is a timeout: that batch
+        # is dropped (counted), and the next one opens a new connection
         self.redis = redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
+        self._said_malformed = False
+        self._add = self.redis.register_script(_ADD)
 
     def write(self, batch: list[UsageRecord]) -> None:
-        pipe = self.redis.pipeline(transaction=True)  # a batch counts whole or not at all
-        days = set()
+        sums: dict[tuple[str, str], int] = {}
         for r in batch:
-            days.add(r.day)
             head = f"{r.key}\t{r.model}\t{r.outcome}\t"
-            name = f"ac:usage:{r.day}"
-            for field, n in zip(
-                _SUMS, (1, r.prompt_tokens, r.cached_tokens, r.generated_tokens, r.computed_tokens), strict=True
-            ):
+            counts = (1, r.prompt_tokens, r.cached_tokens, r.generated_tokens, r.computed_tokens)
+            for field, n in zip(_SUMS, counts, strict=True):
                 if n:
-                    pipe.hincrby(name, head + field, n)
-        for day in days:
+                    sums[(f"ac:usage:{r.day}", head + field)] = sums.get((f"ac:usage:{r.day}", head + field), 0) + n
+        args: list[Any] = []
+        for (name, field), n in sums.items():
+            day = name.removeprefix("ac:usage:")
             end = dt.datetime.fromisoformat(day).replace(tzinfo=dt.UTC).timestamp() + 86400
-            pipe.expireat(f"ac:usage:{day}", int(end + self.retention))
-        pipe.execute()
+            args += [name, field, n, int(end + self.retention)]
+        self._add(args=args)  # one script: the batch counts whole or not at all
 
     def prune(self, before: float) -> None:  # each day's hash expires by itself
         return
@@ -220,8 +238,7 @@ class RedisUsage:
         out = []
         for day, counters in zip(days, pipe.execute(), strict=True):
             groups: dict[tuple[str, str, str], dict[str, Any]] = {}
-            for raw, n in counters.items():
-                k, model, outcome, what = raw.decode().split("\t")
+            for k, model, outcome, what, n in self._counters(counters):
                 if key is not None and k != key:
                     continue
                 row = groups.setdefault(
@@ -229,7 +246,7 @@ class RedisUsage:
                     {"day": day, "key": k, "model": model, "outcome": outcome, **dict.fromkeys(_SUMS[:4], 0)},
                 )
                 if what in row:
-                    row[what] = int(n)
+                    row[what] = n
             out += [groups[g] for g in sorted(groups)]
         return out
 
@@ -241,11 +258,24 @@ class RedisUsage:
             pipe.hgetall(f"ac:usage:{day}")
         spent: dict[str, int] = {}
         for counters in pipe.execute():
-            for raw, n in counters.items():
-                k, _, _, what = raw.decode().split("\t")
+            for k, _, _, what, n in self._counters(counters):
                 if what == "computed":
-                    spent[k] = spent.get(k, 0) + int(n)
+                    spent[k] = spent.get(k, 0) + n
         return spent
+
+    def _counters(self, counters: dict[bytes, bytes]) -> Iterator[tuple[str, str, str, str, int]]:
+        """A day's counters; a malformed one (an operator's edit, another version's field) is
+        skipped and said once, never an error for the whole answer."""
+        for raw, value in counters.items():
+            try:
+                k, model, outcome, what = raw.decode().split("\t")
+                n = int(value)
+            except (UnicodeDecodeError, ValueError):
+                if not self._said_malformed:
+                    log.warning("usage: a malformed counter in the store is skipped: %r", raw[:120])
+                    self._said_malformed = True
+                continue
+            yield k, model, outcome, what, n
 
     def close(self) -> None:
         self.redis.close()
