@@ -7,7 +7,6 @@ import argparse
 import json
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 __all__ = ["format_table", "usage_command"]
@@ -17,7 +16,7 @@ _HEADINGS = ("day", "key", "model", "outcome", "requests", "prompt", "cached", "
 
 
 def usage_command(args: argparse.Namespace) -> int:
-    from ..gateway.usage import data_home, day_of, open_for_reading, usage_rows
+    from ..gateway.usage import day_of, open_for_reading, usage_file, usage_rows
 
     try:
         days = {name: day_of(name, getattr(args, name)) for name in ("start", "end") if getattr(args, name)}
@@ -29,15 +28,15 @@ def usage_command(args: argparse.Namespace) -> int:
         except RuntimeError as exc:
             return _usage_error(str(exc))
     else:
-        path = Path(args.data_dir).expanduser() if args.data_dir else data_home()
+        path = usage_file(args.data_dir)
         try:
-            db = open_for_reading(path / "usage.sqlite3")
+            db = open_for_reading(path)
         except FileNotFoundError as exc:
             return _usage_error(f"{exc} (a gateway writes it there; --data-dir names another)")
         try:
             rows = usage_rows(db, key=args.key, **days)
         except Exception as exc:  # sqlite3.Error: not a usage database, or a broken one
-            return _usage_error(f"cannot read {path / 'usage.sqlite3'}: {exc}")
+            return _usage_error(f"cannot read {path}: {exc}")
         finally:
             db.close()
     sys.stdout.write(json.dumps(rows, indent=2) + "\n" if args.json else format_table(rows))

@@ -14,37 +14,34 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import AbstractClientError
+from ..wires.chat_server import openai_error
 from .config import ConfigError, GatewayConfig
 from .keys import ANONYMOUS
 from .limits import UNLIMITED, Admission, Limiter, Refusal, period_bounds
-from .usage import UsageLog, UsageRecord, UsageUnwritable, data_home
+from .usage import UsageLog, UsageRecord, UsageUnwritable, usage_file
 
 if TYPE_CHECKING:
     from .flight import Flight
 
-__all__ = ["Accounting", "usage_path"]
+__all__ = ["Accounting"]
 
 log = logging.getLogger("abstract_client.gateway")
 
 
-def usage_path(config: GatewayConfig) -> Path:
-    return Path(config.data_dir).expanduser() / "usage.sqlite3" if config.data_dir else data_home() / "usage.sqlite3"
-
-
 class Accounting:
     def __init__(self, config: GatewayConfig) -> None:
-        names = [*config.key_names(), ANONYMOUS] if (config.api_key or config.api_keys or config.keys) else [ANONYMOUS]
-        self.names = set(names) | set(config.key_names())
+        self.names = {*config.key_names(), ANONYMOUS}  # every name a request can be billed to
         self.limits = {name: config.limits_for(name) for name in self.names}
         self.weights = {name: (lim.weight if lim is not None else 1) for name, lim in self.limits.items()}
         self.log: UsageLog | None = None
         if config.usage:
             try:
-                self.log = UsageLog(usage_path(config), retention_days=config.usage_retention_days, store=config.store)
+                self.log = UsageLog(
+                    usage_file(config.data_dir), retention_days=config.usage_retention_days, store=config.store
+                )
             except UsageUnwritable as exc:
                 raise ConfigError(str(exc)) from None
         self.limiter = Limiter(self.limits, self._spent_in_periods())
@@ -59,11 +56,14 @@ class Accounting:
         if self.log is None:
             return {}
         now, spent = time.time(), {}
+        by_start: dict[float, dict[str, int]] = {}  # one query per period, whatever the keys
         try:
             for name, limits in self.limits.items():
                 if limits is not None and limits.token_budget is not None:
                     start, _ = period_bounds(limits.budget_period, now)
-                    spent[name] = self.log.spent_since(start).get(name, 0)
+                    if start not in by_start:
+                        by_start[start] = self.log.spent_since(start)
+                    spent[name] = by_start[start].get(name, 0)
         except self.log.store.errors as exc:  # a shared store down at start-up: serve all the same
             log.warning("usage: what the keys spent of their budgets could not be read (%s); counting from 0", exc)
         return spent
@@ -100,12 +100,17 @@ class Accounting:
         if self.log is not None:
             self.log.add(record)
 
-    def refused(self, key: str, backend: str, route: str, request_id: str, why: str) -> None:
-        """A request refused before it reached an engine (a limit): on the record, at no cost."""
-        record = UsageRecord(time.time(), key, backend, route, request_id, "refused", why, total_ms=0.0)
+    def refused(
+        self, refusal: Refusal, key: str, backend: str, route: str, request_id: str
+    ) -> tuple[dict[str, Any], list[tuple[bytes, bytes]]]:
+        """A request refused by a limit before it reached an engine: on the record at no cost;
+        the 429's body (OpenAI's shape: a route answering in another reshapes it) and headers."""
+        record = UsageRecord(time.time(), key, backend, route, request_id, "refused", refusal.limit, total_ms=0.0)
         self._count(record)
         if self.log is not None:
             self.log.add(record)
+        body = openai_error(refusal.message, "rate_limit_error", refusal.limit)
+        return body, [(b"retry-after", str(refusal.retry_after).encode())]
 
     def _count(self, record: UsageRecord) -> None:
         with self._lock:
@@ -160,7 +165,7 @@ class Accounting:
             reason=reason,
             prompt_tokens=prompt,
             cached_tokens=cached,
-            generated_tokens=generated or 0,
+            generated_tokens=generated,
             queued_ms=ms(flight.admitted_at),
             first_token_ms=ms(flight.first_token_at),
             total_ms=ms(now),

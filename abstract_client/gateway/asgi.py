@@ -83,9 +83,8 @@ class GenerationResponse:
         name = state.get("key_name") or ANONYMOUS
         admitted = gateway.accounting.admit(name, self.max_tokens)
         if isinstance(admitted, Refusal):
-            gateway.accounting.refused(name, backend.name, self.endpoint, self.request_id, admitted.limit)
-            body = openai_error(admitted.message, "rate_limit_error", admitted.limit)
-            await self._refuse(send, 429, body, [(b"retry-after", str(admitted.retry_after).encode())])
+            body, headers = gateway.accounting.refused(admitted, name, backend.name, self.endpoint, self.request_id)
+            await self._refuse(send, 429, body, headers)
             return
         flight = Flight(
             self.request_id, backend, write_timeout=gateway.config.write_timeout, loop=asyncio.get_running_loop()

@@ -99,9 +99,8 @@ async def _start_background(
     name = request.scope["state"].get("key_name") or ANONYMOUS
     admitted = gateway.accounting.admit(name, kwargs.get("max_tokens"))  # before the 200, as a foreground one
     if isinstance(admitted, Refusal):
-        gateway.accounting.refused(name, backend.name, "responses", request_id_of(request), admitted.limit)
-        body = openai_error(admitted.message, "rate_limit_error", admitted.limit)
-        return JSONResponse(body, 429, headers={"retry-after": str(admitted.retry_after)})
+        body, headers = gateway.accounting.refused(admitted, name, backend.name, "responses", request_id_of(request))
+        return JSONResponse(body, 429, headers={k.decode(): v.decode() for k, v in headers})
     if not store.room():
         admitted.settle(0)
         message = f"this gateway holds {gateway.config.max_background} background responses (max_background)"

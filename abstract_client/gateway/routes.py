@@ -19,6 +19,7 @@ from ..fleet import Fleet
 from ..wires.chat_server import BadRequest, openai_error
 from .body import REQUEST_ID, error_response, no_backend, read_json, store_unavailable
 from .hosts import StoreUnavailable
+from .keys import ANONYMOUS
 from .openapi import openapi_document
 from .request_ids import flights_named, scoped
 from .state import Gateway
@@ -214,7 +215,7 @@ async def usage(request: Request) -> Response:
             return _bad_query(str(exc))
     own = state.get("key_name")
     key = query.get("key")
-    if state.get("admin") or (not state.get("admin_required") and own == "anonymous"):
+    if state.get("admin") or (not state.get("admin_required") and own == ANONYMOUS):
         if key is not None and key not in accounting.names:
             return _not_found(f"no key named {key[:70]!r}")
     elif key is not None and key != own:
@@ -225,7 +226,7 @@ async def usage(request: Request) -> Response:
     try:
         rows = await anyio.to_thread.run_sync(lambda: log.rows(key=key, **days))
     except log.store.errors as exc:
-        return store_unavailable(exc if isinstance(exc, Exception) else Exception(str(exc)))
+        return store_unavailable(exc)
     body = {
         "object": "usage",
         "key": key,

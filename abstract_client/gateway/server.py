@@ -8,7 +8,6 @@ import socket
 from typing import Any
 
 from ..registry import runs_in_process
-from .accounting import usage_path
 from .app import create_app
 from .config import ConfigError, GatewayConfig
 from .protocol import protocol_class
@@ -51,10 +50,10 @@ def check_usage_store(config: GatewayConfig) -> None:
     """The usage database can be written (else a :class:`ConfigError`, said before serving)."""
     if not config.usage or config.store is not None:  # a shared store may come up after this host
         return
-    from .usage import UsageLog, UsageUnwritable
+    from .usage import SQLiteUsage, UsageUnwritable, usage_file
 
     try:
-        UsageLog(usage_path(config), retention_days=config.usage_retention_days).close()
+        SQLiteUsage(usage_file(config.data_dir)).close()
     except UsageUnwritable as exc:
         raise ConfigError(str(exc)) from None
 

@@ -18,6 +18,7 @@ import os
 import sqlite3
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import astuple, dataclass, fields
 from pathlib import Path
@@ -35,6 +36,7 @@ __all__ = [
     "data_home",
     "day_of",
     "open_for_reading",
+    "usage_file",
     "usage_rows",
 ]
 
@@ -63,6 +65,11 @@ def day_of(name: str, value: str) -> str:
         return dt.date.fromisoformat(value).isoformat()
     except ValueError:
         raise ValueError(f"{name} must be a date, YYYY-MM-DD, not {value[:40]!r}") from None
+
+
+def usage_file(data_dir: str | None) -> Path:
+    """The SQLite file of a gateway whose data directory is ``data_dir`` (None: :func:`data_home`)."""
+    return (Path(data_dir).expanduser() if data_dir else data_home()) / "usage.sqlite3"
 
 
 @dataclass(slots=True)
@@ -125,7 +132,7 @@ def _connect(path: Path) -> sqlite3.Connection:
 class SQLiteUsage:
     """One record per row in a file: the default, one host (its workers share the file)."""
 
-    errors: tuple[type[BaseException], ...] = (sqlite3.Error, OSError)
+    errors: tuple[type[Exception], ...] = (sqlite3.Error, OSError)
 
     def __init__(self, path: Path) -> None:
         self.where = str(path)
@@ -197,7 +204,7 @@ class RedisUsage:
             raise UsageUnwritable("--store needs redis-py: pip install 'abstract-client[redis]'") from None
         from .hosts import _without_password
 
-        self.errors: tuple[type[BaseException], ...] = (RedisError, OSError)
+        self.errors: tuple[type[Exception], ...] = (RedisError, OSError)
         self.where = _without_password(url)
         self.retention = retention
         # a store that hangs, or a connection the network drops silently, is a timeout: that batch
@@ -207,18 +214,17 @@ class RedisUsage:
         self._add = self.redis.register_script(_ADD)
 
     def write(self, batch: list[UsageRecord]) -> None:
-        sums: dict[tuple[str, str], int] = {}
+        sums: dict[tuple[str, str], int] = defaultdict(int)  # (day, counter) -> what the batch adds
         for r in batch:
             head = f"{r.key}\t{r.model}\t{r.outcome}\t"
             counts = (1, r.prompt_tokens, r.cached_tokens, r.generated_tokens, r.computed_tokens)
             for field, n in zip(_SUMS, counts, strict=True):
                 if n:
-                    sums[(f"ac:usage:{r.day}", head + field)] = sums.get((f"ac:usage:{r.day}", head + field), 0) + n
+                    sums[(r.day, head + field)] += n
         args: list[Any] = []
-        for (name, field), n in sums.items():
-            day = name.removeprefix("ac:usage:")
+        for (day, field), n in sums.items():
             end = dt.datetime.fromisoformat(day).replace(tzinfo=dt.UTC).timestamp() + 86400
-            args += [name, field, n, int(end + self.retention)]
+            args += [f"ac:usage:{day}", field, n, int(end + self.retention)]
         self._add(args=args)  # one script: the batch counts whole or not at all
 
     def prune(self, before: float) -> None:  # each day's hash expires by itself
@@ -230,13 +236,17 @@ class RedisUsage:
         last = min(dt.date.fromisoformat(end), today) if end else today
         return [(first + dt.timedelta(days=n)).isoformat() for n in range((last - first).days + 1)]
 
-    def rows(self, *, start: str | None = None, end: str | None = None, key: str | None = None) -> list[dict[str, Any]]:
+    def _by_day(self, start: str | None, end: str | None) -> list[tuple[str, dict[bytes, bytes]]]:
+        """Each day's counters, ``start`` … ``end`` (one round trip)."""
         days = self._days(start, end)
         pipe = self.redis.pipeline(transaction=False)
         for day in days:
             pipe.hgetall(f"ac:usage:{day}")
+        return list(zip(days, pipe.execute(), strict=True))
+
+    def rows(self, *, start: str | None = None, end: str | None = None, key: str | None = None) -> list[dict[str, Any]]:
         out = []
-        for day, counters in zip(days, pipe.execute(), strict=True):
+        for day, counters in self._by_day(start, end):
             groups: dict[tuple[str, str, str], dict[str, Any]] = {}
             for k, model, outcome, what, n in self._counters(counters):
                 if key is not None and k != key:
@@ -252,12 +262,8 @@ class RedisUsage:
 
     def spent_since(self, since: float) -> dict[str, int]:
         start = dt.datetime.fromtimestamp(since, dt.UTC).date().isoformat()
-        pipe = self.redis.pipeline(transaction=False)
-        days = self._days(start, None)
-        for day in days:
-            pipe.hgetall(f"ac:usage:{day}")
         spent: dict[str, int] = {}
-        for counters in pipe.execute():
+        for _, counters in self._by_day(start, None):
             for k, _, _, what, n in self._counters(counters):
                 if what == "computed":
                     spent[k] = spent.get(k, 0) + n
