@@ -74,9 +74,9 @@ def ask(tag: str, rate: int, n: int, *, stream: bool) -> dict[str, Any]:
     }
 
 
-def per_request(url: str, n: int) -> list[float]:
+def per_request(url: str, n: int, headers: dict[str, str] | None = None) -> list[float]:
     out = []
-    with httpx.Client(timeout=60) as http:
+    with httpx.Client(timeout=60, headers=headers) as http:
         for i in range(n + 20):
             t0 = time.perf_counter()
             http.post(url + "/chat/completions", json=ask(f"r{i}", 0, 1, stream=False)).raise_for_status()

@@ -14,14 +14,17 @@ import logging
 import threading
 import time
 from collections import defaultdict
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import AbstractClientError
 from ..wires.chat_server import openai_error
 from .config import ConfigError, GatewayConfig
 from .keys import ANONYMOUS
-from .limits import UNLIMITED, Admission, Limiter, Refusal, period_bounds
-from .usage import UsageLog, UsageRecord, UsageUnwritable, usage_file
+from .limit_stores import LimitStore, MemoryLimits, SQLiteLimits
+from .limits import MAX_TOKENS, UNLIMITED, Admission, Limiter, Refusal, period_bounds
+from .usage import UsageLog
+from .usage_records import UsageRecord, UsageUnwritable, usage_file
 
 if TYPE_CHECKING:
     from .flight import Flight
@@ -32,7 +35,10 @@ log = logging.getLogger("abstract_client.gateway")
 
 
 class Accounting:
-    def __init__(self, config: GatewayConfig) -> None:
+    def __init__(self, config: GatewayConfig, *, shared_dir: Path | None = None) -> None:
+        """``shared_dir``: the run directory this process's sibling workers share (their limits
+        are kept in a SQLite file there); with a ``store``, the limits are kept in it."""
+        self.keyed = bool(config.key_names())  # keys configured: per-key figures are the admin's
         self.names = {*config.key_names(), ANONYMOUS}  # every name a request can be billed to
         self.limits = {name: config.limits_for(name) for name in self.names}
         self.weights = {name: (lim.weight if lim is not None else 1) for name, lim in self.limits.items()}
@@ -44,8 +50,18 @@ class Accounting:
                 )
             except UsageUnwritable as exc:
                 raise ConfigError(str(exc)) from None
-        self.limiter = Limiter(self.limits, self._spent_in_periods())
+        self.limiter = Limiter(
+            self.limits,
+            self._spent_in_periods(),
+            store=_limit_store(config, shared_dir)
+            if any(lim and lim.limited for lim in self.limits.values())
+            else None,
+            lease=config.limits_lease,
+            when_down=config.limits_store_down,
+        )
         self._lock = threading.Lock()
+        self.clamped = 0  # usage numbers out of range an upstream reported (clamped, said)
+        self._said_clamped_at = 0.0
         # per key and backend (both bounded by the config: a key nobody configured is a 401)
         self.requests: dict[tuple[str, str, str], int] = defaultdict(int)  # (key, model, outcome)
         self.tokens: dict[tuple[str, str, str], int] = defaultdict(int)  # (key, model, kind)
@@ -68,11 +84,15 @@ class Accounting:
             log.warning("usage: what the keys spent of their budgets could not be read (%s); counting from 0", exc)
         return spent
 
-    def admit(self, key: str, max_tokens: Any) -> Admission | Refusal:
-        """Within the key's limits (an admission to settle at the end), or a refusal to send."""
+    async def admit(
+        self, key: str, max_tokens: Any, prompt_tokens: int = 0, *, count_only: bool = False
+    ) -> Admission | Refusal:
+        """Within the key's limits (an admission to settle at the end), or a refusal to send.
+        ``prompt_tokens``: the prompt's bound (``limits.prompt_bound``), reserved with
+        ``max_tokens``; ``count_only``: a token count (concurrency and requests only)."""
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
             max_tokens = None
-        admitted = self.limiter.admit(key, max_tokens)
+        admitted = await self.limiter.admit(key, max_tokens, prompt_tokens, count_only=count_only)
         if isinstance(admitted, Refusal):
             with self._lock:
                 self.refusals[(key, admitted.limit)] += 1
@@ -103,14 +123,25 @@ class Accounting:
     def refused(
         self, refusal: Refusal, key: str, backend: str, route: str, request_id: str
     ) -> tuple[dict[str, Any], list[tuple[bytes, bytes]]]:
-        """A request refused by a limit before it reached an engine: on the record at no cost;
-        the 429's body (OpenAI's shape: a route answering in another reshapes it) and headers."""
-        record = UsageRecord(time.time(), key, backend, route, request_id, "refused", refusal.limit, total_ms=0.0)
+        """A request refused by a limit before it reached an engine: counted at no cost, per
+        key, limit and minute (a flood of refusals is a few counters, never a row each); the
+        429's body (OpenAI's shape: a route answering in another reshapes it) and headers."""
+        with self._lock:
+            self.requests[(key, backend, "refused")] += 1
+        if self.log is not None:
+            self.log.add_refusal(time.time(), key, backend, route, refusal.limit)
+        kind = "rate_limit_error" if refusal.status == 429 else "unavailable_error"
+        body = openai_error(refusal.message, kind, refusal.limit)
+        return body, [(b"retry-after", str(refusal.retry_after).encode())]
+
+    def counted(self, key: str, backend: str, request_id: str, started: float, error: BaseException | None) -> None:
+        """A token count (``/v1/messages/count_tokens``): on the record, 0 tokens billed."""
+        outcome, reason = ("completed", None) if error is None else ("error", type(error).__name__)
+        total = round((time.time() - started) * 1000, 3)
+        record = UsageRecord(started, key, backend, "count_tokens", request_id, outcome, reason, total_ms=total)
         self._count(record)
         if self.log is not None:
             self.log.add(record)
-        body = openai_error(refusal.message, "rate_limit_error", refusal.limit)
-        return body, [(b"retry-after", str(refusal.retry_after).encode())]
 
     def _count(self, record: UsageRecord) -> None:
         with self._lock:
@@ -120,8 +151,7 @@ class Accounting:
                 if n:
                     self.tokens[(record.key, record.model, kind)] += n
 
-    @staticmethod
-    def record_of(flight: Flight, route: str, status: int) -> UsageRecord:
+    def record_of(self, flight: Flight, route: str, status: int) -> UsageRecord:
         now = time.perf_counter()
         usage, generated = flight.usage, None
         reason: str | None = None
@@ -148,6 +178,8 @@ class Accounting:
             prompt, cached = usage.prompt_tokens or 0, usage.cached_tokens or 0
         if generated is None:  # a stop's count is its own (the engine's, where it has one)
             generated = usage.completion_tokens or 0 if usage is not None else 0
+        prompt, cached, generated = (self._sane(flight, n) for n in (prompt, cached, generated))
+        cached = min(cached, prompt)
         if flight.admitted_at is None:  # nothing ran: nothing to bill
             prompt = cached = generated = 0
         started = flight.started_at
@@ -171,11 +203,47 @@ class Accounting:
             total_ms=ms(now),
         )
 
+    def _sane(self, flight: Flight, n: Any) -> int:
+        """An upstream's count, in ``0 … MAX_TOKENS`` (a negative one never refunds a key, a huge
+        one never breaks the store); one out of range is clamped, counted and said (once a
+        minute)."""
+        if isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= MAX_TOKENS:
+            return n
+        try:
+            value = max(0, min(int(n), MAX_TOKENS))
+        except (TypeError, ValueError, OverflowError):
+            value = 0
+        with self._lock:
+            self.clamped += 1
+        now = time.monotonic()
+        if now - self._said_clamped_at >= 60:
+            self._said_clamped_at = now
+            log.warning(
+                "usage: %s reported a token count out of range (%.40r) for %s: counted as %d",
+                flight.backend.name,
+                n,
+                flight.request_id,
+                value,
+            )
+        return value
+
+    async def start(self) -> None:
+        """On the gateway's loop: renew this process's reservations while it lives."""
+        import asyncio
+
+        self._renewing = asyncio.get_running_loop().create_task(self.limiter.run_renewals())
+
+    async def aclose(self) -> None:
+        renewing = getattr(self, "_renewing", None)
+        if renewing is not None:
+            renewing.cancel()
+        await self.limiter.aclose()
+
     def close(self) -> None:
         if self.log is not None:
             self.log.close()
 
-    def families(self) -> list[Any]:
+    def families(self, *, per_key: bool = True) -> list[Any]:
         from prometheus_client.core import CounterMetricFamily
 
         from .metrics import PREFIX
@@ -192,6 +260,17 @@ class Accounting:
             f"{PREFIX}_key_limited", "Requests refused by a key's limit (429)", labels=["key", "limit"]
         )
         dropped = CounterMetricFamily(f"{PREFIX}_usage_records_dropped", "Usage records a failed write lost")
+        clamped = CounterMetricFamily(
+            f"{PREFIX}_usage_counts_clamped", "Token counts out of range an upstream reported (clamped)"
+        )
+        failures = CounterMetricFamily(
+            f"{PREFIX}_limits_store_failures", "Admissions the shared limits store did not answer"
+        )
+        dropped.add_metric([], self.log.dropped if self.log is not None else 0)
+        clamped.add_metric([], self.clamped)
+        failures.add_metric([], self.limiter.store_failures)
+        if not per_key:  # another key's name or figures are the admin's to read
+            return [dropped, clamped, failures]
         with self._lock:
             for (k, m, o), n in sorted(self.requests.items()):
                 requests.add_metric([k, m, o], n)
@@ -199,5 +278,16 @@ class Accounting:
                 tokens.add_metric([k, m, kind.removesuffix("_tokens")], n)
             for (k, lim), n in sorted(self.refusals.items()):
                 refusals.add_metric([k, lim], n)
-        dropped.add_metric([], self.log.dropped if self.log is not None else 0)
-        return [requests, tokens, refusals, dropped]
+        return [requests, tokens, refusals, dropped, clamped, failures]
+
+
+def _limit_store(config: GatewayConfig, shared_dir: Path | None) -> LimitStore:
+    """Where the keys' counts live: the store the hosts share, the file the workers share, or
+    this process's memory."""
+    if config.store is not None:
+        from .limit_stores import RedisLimits
+
+        return RedisLimits(config.store, config.store_timeout)
+    if shared_dir is not None:
+        return SQLiteLimits(shared_dir / "limits.sqlite3")
+    return MemoryLimits()

@@ -45,8 +45,7 @@ log = logging.getLogger("abstract_client.gateway")
 
 
 def create_app(config: GatewayConfig, *, peers: Peers | None = None) -> Starlette:
-    gateway = Gateway(config)
-    gateway.peers = peers
+    gateway = Gateway(config, peers=peers)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> Any:
@@ -56,6 +55,7 @@ def create_app(config: GatewayConfig, *, peers: Peers | None = None) -> Starlett
             await peers.start(gateway)
         if gateway.hosts is not None:
             await gateway.hosts.start()
+        await gateway.accounting.start()
         await gateway.upstreams.start()  # each backend's start-up line, before the first request
         probing = asyncio.get_running_loop().create_task(gateway.upstreams.run(), name="abstract-client-upstreams")
         yield
@@ -103,6 +103,7 @@ def create_app(config: GatewayConfig, *, peers: Peers | None = None) -> Starlett
         body_timeout=config.body_timeout,
         browsers=BrowserPolicy.of(config.host, config.allowed_hosts, config.allowed_origins),
         names=config.key_names(),
+        metrics_key=config.metrics_key,
     )
 
 

@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import anyio
@@ -20,7 +20,7 @@ from ..errors import GenerationCancelledError, StopReason
 from ..wires.chat_server import Shape, as_written, error_body, openai_error
 from .departures import watch_client
 from .keys import ANONYMOUS
-from .limits import Refusal
+from .limits import Refusal, prompt_bound
 from .request_ids import scoped
 from .stall import UnsentWatch
 from .state import Backend, Flight, Gateway
@@ -57,14 +57,16 @@ class GenerationResponse:
         shape: Shape | None = None,
         *,
         max_tokens: Any = None,
+        prompt: Mapping[str, Any] | None = None,
     ) -> None:
         """``shape``: the route's error shape for the gateway's own refusals (written in
         OpenAI's; the Messages route answers in Anthropic's). ``max_tokens``: what the request
-        may generate, reserved against its key's token limits until it ends."""
+        may generate, and ``prompt`` (the call's arguments) what it reads, reserved against its
+        key's token limits until it ends."""
         self.gateway, self.backend, self.request_id = gateway, backend, request_id
         self.endpoint, self.run = endpoint, run
         self.shape = shape or as_written
-        self.max_tokens = max_tokens
+        self.max_tokens, self.prompt = max_tokens, prompt
 
     async def _refuse(
         self, send: Send, status: int, body: Any, headers: list[tuple[bytes, bytes]] | None = None
@@ -81,10 +83,10 @@ class GenerationResponse:
             return
         # the key's limits, before a slot is waited for or anything is sent upstream
         name = state.get("key_name") or ANONYMOUS
-        admitted = gateway.accounting.admit(name, self.max_tokens)
+        admitted = await gateway.accounting.admit(name, self.max_tokens, self._prompt_tokens(name))
         if isinstance(admitted, Refusal):
             body, headers = gateway.accounting.refused(admitted, name, backend.name, self.endpoint, self.request_id)
-            await self._refuse(send, 429, body, headers)
+            await self._refuse(send, admitted.status, body, headers)
             return
         flight = Flight(
             self.request_id, backend, write_timeout=gateway.config.write_timeout, loop=asyncio.get_running_loop()
@@ -128,6 +130,12 @@ class GenerationResponse:
                 gateway.upstreams.finished(backend.name, status, flight.error)
                 if flight.span is not None:
                     flight.span.set_attribute("http.response.status_code", status)
+
+    def _prompt_tokens(self, key: str) -> int:
+        """The prompt's bound, for a key with limits (for the others, nothing is walked)."""
+        if self.prompt is None or not self.gateway.accounting.limiter.limited(key):
+            return 0
+        return prompt_bound(self.prompt)
 
     async def _in_slot(self, flight: Flight, send: Send) -> int:
         """Wait for a slot (bounded: 503 + Retry-After), then run; a client that leaves while

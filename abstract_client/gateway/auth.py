@@ -17,7 +17,7 @@ from ..wires.messages_server import anthropic_shape
 from .asgi import send_json
 from .body import REQUEST_ID
 from .browsers import BrowserPolicy
-from .keys import ANONYMOUS
+from .keys import ANONYMOUS, METRICS
 
 __all__ = ["RequestIdAndAuth"]
 
@@ -39,8 +39,10 @@ class RequestIdAndAuth:
         body_timeout: float = 30.0,
         browsers: BrowserPolicy | None = None,
         names: dict[str, str] | None = None,
+        metrics_key: str | None = None,
     ) -> None:
-        """``names``: each key's name (usage and limits say it, never the key)."""
+        """``names``: each key's name (usage and limits say it, never the key). ``metrics_key``:
+        a key that reads ``/metrics`` (every key's series too) and nothing else."""
         self.app = app
         self.browsers = browsers or BrowserPolicy.of("127.0.0.1", [], [])
         self.body_timeout = body_timeout
@@ -49,6 +51,14 @@ class RequestIdAndAuth:
         self._keys = [k.encode() for k in api_keys] + ([self._admin] if self._admin else [])
         self.max_body_bytes = max_body_bytes
         self._names = {key.encode(): name for name, key in (names or {}).items()}
+        self._metrics_key = metrics_key.encode() if metrics_key else None
+
+    def _metrics_reader(self, auth: bytes, path: str) -> bool:
+        """The ``metrics_key``, on ``GET /metrics`` (anywhere else it is no key at all)."""
+        if self._metrics_key is None or path != "/metrics":
+            return False
+        given = auth[7:].strip() if auth.startswith(b"Bearer ") else b""
+        return hmac.compare_digest(given, self._metrics_key)
 
     def _owner(self, auth: bytes, api_key: bytes = b"") -> tuple[bool, str | None, bool, str]:
         """(accepted, the key's identity (a hash, never the key), is it the admin key, its name).
@@ -110,6 +120,9 @@ class RequestIdAndAuth:
             return
 
         accepted, owner, admin, name = self._owner(headers.get(b"authorization", b""), headers.get(b"x-api-key", b""))
+        metrics_reader = not admin and self._metrics_reader(headers.get(b"authorization", b""), path)
+        if metrics_reader:
+            accepted, owner, name = True, None, METRICS
         # the chat page itself is public (it asks for the key); its calls carry the key
         if not accepted and path not in ("/health", "/ready", "/"):
             await refuse(send_with_id, 401, "missing or wrong API key", "authentication_error")
@@ -126,6 +139,7 @@ class RequestIdAndAuth:
             admin_required=self._admin is not None,
             key_accepted=accepted,
             key_name=name,
+            metrics_reader=metrics_reader,
         )
         # The body limit: a declared length over it is refused before a byte is read; any other
         # body is read here (at most the limit, so memory stays bounded) and refused the moment

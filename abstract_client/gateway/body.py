@@ -115,10 +115,10 @@ def error_response(err: BaseException) -> JSONResponse:
     return JSONResponse(body, status_code=status)
 
 
-def store_unavailable(exc: Exception) -> JSONResponse:
-    """A 503 for what needs the store shared by several hosts (``hosts.py``) while it does not
-    answer; the client may try again (``Retry-After``)."""
-    body = openai_error(
-        f"the store shared by the gateway hosts is unavailable ({exc})", "unavailable_error", "store_unavailable"
-    )
+def store_unavailable(
+    exc: Exception, what: str = "the store shared by the gateway hosts", code: str = "store_unavailable"
+) -> JSONResponse:
+    """A 503 for what needs a store (by default the one several hosts share: ``hosts.py``) while
+    it does not answer; the client may try again (``Retry-After``)."""
+    body = openai_error(f"{what} is unavailable ({exc})", "unavailable_error", code)
     return JSONResponse(body, status_code=503, headers={"retry-after": "1"})

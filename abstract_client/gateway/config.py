@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .keys import ADMIN, ANONYMOUS, KEY_NAME, Limits, NamedKey, hashed_name, parse_limits
+from .keys import ADMIN, Limits, NamedKey, hashed_name, name_problem, parse_limits
 
 __all__ = ["BackendConfig", "ConfigError", "GatewayConfig", "key_from_env", "load_config"]
 
@@ -113,6 +113,12 @@ class GatewayConfig:
     usage: bool = True  # account every request (usage.py): off only to measure what it costs
     data_dir: str | None = None  # where usage.sqlite3 lives (default: data_home())
     usage_retention_days: float = 90.0  # usage records older than this are deleted
+    # a key that reads /metrics with every key's series and nothing else (Prometheus scrapes with it)
+    metrics_key: str | None = None
+    # a key's limits when the store holding its counts does not answer: "local" decides against
+    # each process's own counts meanwhile, "refuse" answers 503 limits_unavailable (limits.py)
+    limits_store_down: str = "local"
+    limits_lease: float = 10.0  # a dead process's reservations come back within this (seconds)
 
     def __post_init__(self) -> None:
         if not self.backends:
@@ -169,9 +175,11 @@ class GatewayConfig:
             _check(values, list, name)
             for value in values:
                 _check(value, str, name)
-        for name, key in [("api_key", self.api_key), ("admin_key", self.admin_key)] + [
-            ("api_keys", k) for k in self.api_keys
-        ]:
+        for name, key in [
+            ("api_key", self.api_key),
+            ("admin_key", self.admin_key),
+            ("metrics_key", self.metrics_key),
+        ] + [("api_keys", k) for k in self.api_keys]:
             if key is None:
                 continue
             _check(key, str, name)
@@ -182,8 +190,14 @@ class GatewayConfig:
         self._check_keys()
         _check(self.usage, bool, "usage")
         _check(self.usage_retention_days, (int, float), "usage_retention_days")
-        if not (math.isfinite(self.usage_retention_days) and self.usage_retention_days > 0):
-            raise ConfigError("usage_retention_days must be > 0")
+        if not (math.isfinite(self.usage_retention_days) and 0 < self.usage_retention_days <= MAX_RETENTION_DAYS):
+            raise ConfigError(f"usage_retention_days must be > 0 and <= {MAX_RETENTION_DAYS}")
+        _check(self.limits_store_down, str, "limits_store_down")
+        if self.limits_store_down not in ("local", "refuse"):
+            raise ConfigError(f"limits_store_down must be 'local' or 'refuse', not {self.limits_store_down!r:.40}")
+        _check(self.limits_lease, (int, float), "limits_lease")
+        if not (2 <= self.limits_lease <= 300):
+            raise ConfigError("limits_lease must be between 2 and 300 seconds")
         if self.data_dir is not None:
             _check(self.data_dir, str, "data_dir")
 
@@ -192,19 +206,23 @@ class GatewayConfig:
         for named in self.keys:
             if not isinstance(named, NamedKey):
                 raise ConfigError("keys must be [[key]] tables with a name and a key (or key_env)")
-            if not isinstance(named.name, str) or not KEY_NAME.match(named.name):
-                raise ConfigError(f"a key's name must be 1-64 of [A-Za-z0-9._-], not {named.name!r:.70}")
-            if named.name in (ADMIN, ANONYMOUS, "default"):
-                raise ConfigError(f"a key may not be named {named.name!r} (the gateway's own name for it)")
+            problem = name_problem(named.name)
+            if problem is not None:
+                raise ConfigError(problem)
             _check(named.key, str, f"key {named.name!r}")
             if not named.key.strip() or named.key != named.key.strip():
                 raise ConfigError(f"key {named.name!r} is empty or has leading or trailing whitespace")
             names.append(named.name)
         if len(set(names)) != len(names):
             raise ConfigError(f"key names must be unique: {names}")
-        every = [k.key for k in self.keys] + [k for k in (self.api_key, *self.api_keys, self.admin_key) if k]
+        every = [k.key for k in self.keys] + [
+            k for k in (self.api_key, *self.api_keys, self.admin_key, self.metrics_key) if k
+        ]
         if len(set(every)) != len(every):
             raise ConfigError("the same key is configured twice: usage could not say whose a request is")
+        given = len([k for k in (self.api_key, *self.api_keys, self.admin_key) if k]) + len(self.keys)
+        if len(self.key_names()) != given:  # two keys given without a name whose hashes begin alike
+            raise ConfigError("two keys have the same name: name them in [[key]] tables")
         _check(self.limits, dict, "limits")
         known = set(self.key_names()) | {"default"}
         for name, limits in self.limits.items():
@@ -229,6 +247,9 @@ class GatewayConfig:
         if own is not None or name == ADMIN:
             return own
         return self.limits.get("default")
+
+
+MAX_RETENTION_DAYS = 3660  # ten years: what a usage answer walks at most on the shared store
 
 
 def key_from_env(name: str) -> str:
@@ -272,6 +293,10 @@ _SERVER_KEYS = {
     "data_dir",
     "usage",
     "usage_retention_days",
+    "metrics_key",
+    "metrics_key_env",
+    "limits_store_down",
+    "limits_lease",
 }
 _BACKEND_KEYS = set(BackendConfig.__dataclass_fields__)
 
@@ -297,7 +322,11 @@ def load_config(path: str | Path) -> GatewayConfig:
     unknown = set(server) - _SERVER_KEYS
     if unknown:
         raise ConfigError(f"{path}: unknown [server] key(s) {sorted(unknown)}; known: {sorted(_SERVER_KEYS)}")
-    for env_key, key in (("api_key_env", "api_key"), ("admin_key_env", "admin_key")):
+    for env_key, key in (
+        ("api_key_env", "api_key"),
+        ("admin_key_env", "admin_key"),
+        ("metrics_key_env", "metrics_key"),
+    ):
         env = server.pop(env_key, None)
         if env is not None:
             _check(env, str, env_key)

@@ -65,7 +65,9 @@ def generation_endpoint(gateway: Gateway, *, chat: bool) -> Callable[[Request], 
         async def run(flight: Flight, send: Send) -> int:
             return await kind(gateway, flight, send, kwargs, model_name, chat=chat, include_usage=include_usage)
 
-        return GenerationResponse(gateway, backend, request_id, endpoint, run, max_tokens=kwargs.get("max_tokens"))
+        return GenerationResponse(
+            gateway, backend, request_id, endpoint, run, max_tokens=kwargs.get("max_tokens"), prompt=kwargs
+        )
 
     return handle
 
@@ -258,7 +260,9 @@ def embeddings_endpoint(gateway: Gateway) -> Callable[[Request], Awaitable[Any]]
 
             return await whole_answer(gateway, flight, send, produce)
 
-        return GenerationResponse(gateway, backend, request_id_of(request), "embeddings", run, max_tokens=0)
+        return GenerationResponse(
+            gateway, backend, request_id_of(request), "embeddings", run, max_tokens=0, prompt={"input": inputs}
+        )
 
     return handle
 

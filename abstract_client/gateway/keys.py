@@ -12,12 +12,38 @@ import re
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
-__all__ = ["ADMIN", "ANONYMOUS", "KEY_NAME", "PERIODS", "Limits", "NamedKey", "hashed_name", "parse_limits"]
+__all__ = [
+    "ADMIN",
+    "ANONYMOUS",
+    "KEY_NAME",
+    "METRICS",
+    "PERIODS",
+    "Limits",
+    "NamedKey",
+    "hashed_name",
+    "name_problem",
+    "parse_limits",
+]
 
 ADMIN = "admin"
 ANONYMOUS = "anonymous"
-KEY_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+METRICS = "metrics"  # the name of the key that reads /metrics only (``metrics_key``)
+KEY_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}\Z")
 PERIODS = ("day", "week", "month")
+_RESERVED = (ADMIN, ANONYMOUS, METRICS, "default")
+_HASHED = re.compile(r"key-[0-9a-f]{8}\Z", re.IGNORECASE)
+
+
+def name_problem(name: object) -> str | None:
+    """Why ``name`` cannot name a ``[[key]]`` (None: it can). The gateway's own names are
+    reserved in any case, and so is the form it names a key given without a name by."""
+    if not isinstance(name, str) or not KEY_NAME.match(name):
+        return f"a key's name must be 1-64 of [A-Za-z0-9._-], not {name!r:.70}"
+    if name.lower() in _RESERVED:
+        return f"a key may not be named {name!r} (the gateway's own name {name.lower()!r})"
+    if _HASHED.match(name):
+        return f"a key may not be named {name!r}: key-<8 hex digits> names a key given without a name"
+    return None
 
 
 def hashed_name(key: str) -> str:
@@ -38,8 +64,9 @@ class Limits:
     * ``concurrent``: its requests in flight at once (queued ones included), across backends;
     * ``requests_per_minute``, ``tokens_per_minute``: over the last 60 s. Tokens are what the
       engine did (prompt tokens it computed, not those a prompt cache served, plus generated
-      tokens, a stopped answer's included); a request reserves its ``max_tokens`` at admission
-      (at most what is left) and settles to the engine's count when it ends;
+      tokens, a stopped answer's included); a request reserves its prompt's bound and its
+      ``max_tokens`` at admission (at most what is left) and settles to the engine's count
+      when it ends. 0 refuses every request of the key (a key suspended);
     * ``token_budget`` per ``budget_period`` (calendar ``day``, ``week`` or ``month``, UTC):
       a request is refused once the budget is spent; one that crosses it mid-answer finishes;
     * ``weight``: its share of a busy backend's slots against other keys' (fair queuing).

@@ -8,6 +8,7 @@ in-process engine's flag set. Only the wire differs (``wires/messages_server.py`
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -21,6 +22,8 @@ from ..wires.messages_server import MessageFrames, anthropic_error_body, anthrop
 from .asgi import GenerationResponse
 from .body import read_json, request_id_of
 from .generation import stream_answer, whole_answer
+from .keys import ANONYMOUS
+from .limits import Refusal
 from .state import Flight, Gateway
 
 __all__ = ["count_tokens_endpoint", "messages_endpoint"]
@@ -85,7 +88,14 @@ def messages_endpoint(gateway: Gateway) -> Callable[[Request], Awaitable[Any]]:
             return await whole_answer(gateway, flight, send, produce, anthropic_shape)
 
         return GenerationResponse(
-            gateway, backend, request_id_of(request), "messages", run, anthropic_shape, max_tokens=kwargs["max_tokens"]
+            gateway,
+            backend,
+            request_id_of(request),
+            "messages",
+            run,
+            anthropic_shape,
+            max_tokens=kwargs["max_tokens"],
+            prompt=kwargs,
         )
 
     return handle
@@ -101,10 +111,24 @@ def count_tokens_endpoint(gateway: Gateway) -> Callable[[Request], Awaitable[Any
         backend = gateway.backend_for(body.get("model"))
         if backend is None:
             return _no_backend(body.get("model"))
+        # within the key's concurrency and requests per minute (a count costs no tokens), and on
+        # its record
+        name, started = request.scope["state"].get("key_name") or ANONYMOUS, time.time()
+        request_id = request_id_of(request)
+        admitted = await gateway.accounting.admit(name, 0, count_only=True)
+        if isinstance(admitted, Refusal):
+            refusal, headers = gateway.accounting.refused(admitted, name, backend.name, "count_tokens", request_id)
+            status, shaped = admitted.status, anthropic_shape(admitted.status, refusal)
+            return JSONResponse(shaped, status, headers={k.decode(): v.decode() for k, v in headers})
+        failed: BaseException | None = None
         try:
             count = await backend.llm.acount_tokens(messages=kwargs["messages"], timeout=30.0)
         except Exception as err:  # a lane without a tokenizer route: 400 not supported
+            failed = err
             return _refused(err)
+        finally:
+            admitted.settle(0)
+            gateway.accounting.counted(name, backend.name, request_id, started, failed)
         return JSONResponse({"input_tokens": count})
 
     return handle

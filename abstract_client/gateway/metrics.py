@@ -29,7 +29,9 @@ class Metrics:
         self._count = 0
         self._sum = 0.0
         self.chain_ms: deque[float] = deque(maxlen=10_000)  # the latest stop chains, for benchmarks
-        self.more: list[Callable[[], list[Any]]] = []  # other families (the per-key accounting)
+        # other families (the accounting's): called with per_key=False for a reader who may not
+        # see other keys' names and figures
+        self.more: list[Callable[..., list[Any]]] = []
 
     def started(self, backend: str) -> None:
         with self._lock:
@@ -63,14 +65,16 @@ class Metrics:
         with self._lock:
             self.rejected[backend] += 1
 
-    def render(self, backends: list[str], fleets: dict[str, dict[str, Any]] | None = None) -> str:
+    def render(
+        self, backends: list[str], fleets: dict[str, dict[str, Any]] | None = None, *, per_key: bool = True
+    ) -> str:
         """The Prometheus text exposition format, written by ``prometheus_client`` (label values
         escaped: a backend may be named anything). ``fleets``: the ``Fleet.status()`` of each
-        backend served by several members."""
+        backend served by several members. ``per_key``: with each key's series (the admin's)."""
         from prometheus_client import CollectorRegistry, generate_latest
 
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(_Snapshot(self, backends, fleets or {}))
+        registry.register(_Snapshot(self, backends, fleets or {}, per_key))
         return generate_latest(registry).decode()
 
     def families(self, backends: list[str], fleets: dict[str, dict[str, Any]] | None = None) -> list[Any]:
@@ -139,10 +143,10 @@ def fleet_families(fleets: dict[str, dict[str, Any]]) -> list[Any]:
 class _Snapshot:
     """A ``prometheus_client`` collector over the counts above (read under their lock)."""
 
-    def __init__(self, metrics: Metrics, backends: list[str], fleets: dict[str, dict[str, Any]]) -> None:
-        self._metrics, self._backends, self._fleets = metrics, backends, fleets
+    def __init__(self, metrics: Metrics, backends: list[str], fleets: dict[str, dict[str, Any]], per_key: bool) -> None:
+        self._metrics, self._backends, self._fleets, self._per_key = metrics, backends, fleets, per_key
 
     def collect(self) -> Iterator[Any]:
         yield from self._metrics.families(self._backends, self._fleets)
         for families in self._metrics.more:
-            yield from families()
+            yield from families(per_key=self._per_key)

@@ -41,7 +41,7 @@ from .body import error_response, no_backend, read_json, request_id_of, store_un
 from .generation import stream_answer, whole_answer
 from .hosts import StoreUnavailable
 from .keys import ANONYMOUS
-from .limits import Refusal
+from .limits import Refusal, prompt_bound
 from .reader_stream import ReaderStream
 from .request_ids import scoped
 from .state import Backend, Flight, Gateway
@@ -77,7 +77,9 @@ def responses_endpoint(gateway: Gateway) -> Callable[[Request], Awaitable[Any]]:
                 return await stream_answer(gateway, flight, send, kwargs, _ResponseFrames(builder))
             return await _foreground_whole(gateway, flight, send, kwargs, builder)
 
-        return GenerationResponse(gateway, backend, request_id, "responses", run, max_tokens=kwargs.get("max_tokens"))
+        return GenerationResponse(
+            gateway, backend, request_id, "responses", run, max_tokens=kwargs.get("max_tokens"), prompt=kwargs
+        )
 
     return handle
 
@@ -97,10 +99,12 @@ async def _start_background(
         return error_response(err)
     store = gateway.background
     name = request.scope["state"].get("key_name") or ANONYMOUS
-    admitted = gateway.accounting.admit(name, kwargs.get("max_tokens"))  # before the 200, as a foreground one
+    # before the 200, as a foreground one
+    prompt = prompt_bound(kwargs) if gateway.accounting.limiter.limited(name) else 0
+    admitted = await gateway.accounting.admit(name, kwargs.get("max_tokens"), prompt)
     if isinstance(admitted, Refusal):
         body, headers = gateway.accounting.refused(admitted, name, backend.name, "responses", request_id_of(request))
-        return JSONResponse(body, 429, headers={k.decode(): v.decode() for k, v in headers})
+        return JSONResponse(body, admitted.status, headers={k.decode(): v.decode() for k, v in headers})
     if not store.room():
         admitted.settle(0)
         message = f"this gateway holds {gateway.config.max_background} background responses (max_background)"

@@ -19,11 +19,10 @@ from ..fleet import Fleet
 from ..wires.chat_server import BadRequest, openai_error
 from .body import REQUEST_ID, error_response, no_backend, read_json, store_unavailable
 from .hosts import StoreUnavailable
-from .keys import ANONYMOUS
 from .openapi import openapi_document
 from .request_ids import flights_named, scoped
 from .state import Gateway
-from .usage import day_of
+from .usage_records import day_of
 
 __all__ = [
     "CHAT_PAGE",
@@ -100,11 +99,13 @@ def _health(request: Request) -> dict[str, Any]:
 async def metrics(request: Request) -> Response:
     from prometheus_client import CONTENT_TYPE_LATEST
 
-    gateway = _gateway(request)
+    gateway, state = _gateway(request), request.scope["state"]
     fleets = {name: b.llm.status() for name, b in gateway.backends.items() if isinstance(b.llm, Fleet)}
-    return Response(
-        gateway.metrics.render(list(gateway.backends), fleets), headers={"Content-Type": CONTENT_TYPE_LATEST}
-    )
+    # with keys, a client key reads no other key's name or figures: those are the admin's
+    # (or the metrics_key's, which Prometheus scrapes with)
+    per_key = not gateway.accounting.keyed or bool(state.get("admin") or state.get("metrics_reader"))
+    text = gateway.metrics.render(list(gateway.backends), fleets, per_key=per_key)
+    return Response(text, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 async def openapi(request: Request) -> Response:
@@ -215,7 +216,7 @@ async def usage(request: Request) -> Response:
             return _bad_query(str(exc))
     own = state.get("key_name")
     key = query.get("key")
-    if state.get("admin") or (not state.get("admin_required") and own == ANONYMOUS):
+    if state.get("admin") or not accounting.keyed:  # the admin, or a gateway without keys
         if key is not None and key not in accounting.names:
             return _not_found(f"no key named {key[:70]!r}")
     elif key is not None and key != own:
@@ -226,7 +227,7 @@ async def usage(request: Request) -> Response:
     try:
         rows = await anyio.to_thread.run_sync(lambda: log.rows(key=key, **days))
     except log.store.errors as exc:
-        return store_unavailable(exc)
+        return store_unavailable(exc, *log.store.unavailable)
     body = {
         "object": "usage",
         "key": key,

@@ -50,7 +50,8 @@ def check_usage_store(config: GatewayConfig) -> None:
     """The usage database can be written (else a :class:`ConfigError`, said before serving)."""
     if not config.usage or config.store is not None:  # a shared store may come up after this host
         return
-    from .usage import SQLiteUsage, UsageUnwritable, usage_file
+    from .usage_records import UsageUnwritable, usage_file
+    from .usage_stores import SQLiteUsage
 
     try:
         SQLiteUsage(usage_file(config.data_dir)).close()

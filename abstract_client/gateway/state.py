@@ -5,7 +5,6 @@ page show) and the background responses it runs (``background.py``)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import OrderedDict
@@ -20,6 +19,7 @@ from .config import GatewayConfig
 from .flight import Backend, Flight
 from .hosts import Hosts, StoreUnavailable
 from .metrics import Metrics
+from .spawn import spawn_on
 from .upstreams import Upstreams
 from .workers import Peers, answer_op
 
@@ -29,18 +29,20 @@ log = logging.getLogger("abstract_client.gateway")
 
 
 class Gateway:
-    def __init__(self, config: GatewayConfig) -> None:
+    def __init__(self, config: GatewayConfig, *, peers: Peers | None = None) -> None:
         self.config = config
         self.backends = {b.name: Backend(b, private_image_urls=config.private_image_urls) for b in config.backends}
         self.metrics = Metrics()
-        self.accounting = Accounting(config)  # limits per key, usage records, per-key counters
+        # limits per key (kept where every worker serving the key sees them), usage records,
+        # per-key counters
+        self.accounting = Accounting(config, shared_dir=peers.run_dir if peers is not None else None)
         self.metrics.more.append(self.accounting.families)
         self.upstreams = Upstreams(self.backends.values(), interval=config.health_interval)
         self.flights: dict[str, Flight] = {}
         # the latest stops, by request id (GET /v1/requests/{id}: what the chat page shows)
         self.stop_records: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.loop: asyncio.AbstractEventLoop | None = None  # set at start-up (uvicorn's loop)
-        self.peers: Peers | None = None  # the sibling workers, when there are several
+        self.peers: Peers | None = peers  # the sibling workers, when there are several
         # the other hosts, through the store (None: this host alone, or its workers' sockets)
         self.hosts: Hosts | None = None
         self._spawned: set[asyncio.Task[None]] = set()
@@ -112,31 +114,11 @@ class Gateway:
         """Run ``op`` on the gateway's loop, from any thread, never waited on: a store that is
         down or slow costs a request nothing. Its failure is a DEBUG line: the lease loop says
         once that the store went, and once that it is back (``Hosts._reachable``)."""
-        loop = self.loop
-        if loop is None or loop.is_closed():
-            op.close()
-            return
 
-        async def quietly() -> None:
-            try:
-                await op
-            except StoreUnavailable as exc:
-                log.debug("store: not written (%s)", exc)
+        def failed(exc: Exception) -> None:
+            log.debug("store: not written (%s)", exc)
 
-        def start() -> None:
-            task = loop.create_task(quietly())
-            self._spawned.add(task)
-            task.add_done_callback(self._spawned.discard)
-
-        try:
-            on_loop = asyncio.get_running_loop() is loop
-        except RuntimeError:
-            on_loop = False
-        if on_loop:
-            start()
-        else:
-            with contextlib.suppress(RuntimeError):  # the loop is gone (shutdown)
-                loop.call_soon_threadsafe(start)
+        spawn_on(self.loop, op, self._spawned, failed, (StoreUnavailable,))
 
     def stop_all_soon(self) -> None:
         """:meth:`stop_all` from a signal handler (it only schedules the work on the loop)."""
@@ -147,6 +129,7 @@ class Gateway:
         self.stop_all()
         for backend in self.backends.values():
             await backend.llm.aclose()
+        await self.accounting.aclose()
         self.accounting.close()
 
     def stop_recorded(self, flight: Flight, err: GenerationCancelledError) -> None:
