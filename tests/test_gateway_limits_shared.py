@@ -25,6 +25,7 @@ from abstract_client.testing.gateway import InProcessGateway, metric_value
 
 from .helpers import wait_until
 from .test_gateway_hosts import GatewayHost, RedisServer
+from .test_gateway_usage_hosts import redis_fixture  # noqa: F401 (the `redis` fixture)
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -33,6 +33,14 @@ def upstream() -> Iterator[FakeOpenAIServer]:
         yield server
 
 
+@pytest.fixture(name="redis")
+def redis_fixture(tmp_path: Path) -> Iterator[RedisServer]:
+    """A real ``redis-server`` on a free loopback port, empty (the usage and limits tests')."""
+    server = RedisServer(tmp_path)
+    yield server
+    server.stop()
+
+
 def host(upstream: FakeOpenAIServer, redis: RedisServer, tmp_path: Path, **server: object) -> InProcessGateway:
     backend = BackendConfig(name="m", provider="openai-compatible", model="fake-model", base_url=upstream.base_url)
     config = GatewayConfig(

@@ -20,6 +20,7 @@ from abstract_client.gateway.limit_stores import MemoryLimits, RedisLimits, SQLi
 from abstract_client.gateway.limits import DEFAULT_RESERVE, Admission, Limiter, Refusal, prompt_bound
 
 from .test_gateway_hosts import RedisServer
+from .test_gateway_usage_hosts import redis_fixture  # noqa: F401 (the `redis` fixture)
 
 pytestmark = pytest.mark.timeout(120)
 
