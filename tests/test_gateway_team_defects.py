@@ -360,14 +360,22 @@ def test_11_a_usage_database_that_cannot_be_written_is_refused_at_start(tmp_path
             usage_module.SQLiteUsage(data / "usage.sqlite3")
     finally:
         usage_module.sqlite3.connect = real  # type: ignore[assignment]
-    if os.geteuid() != 0:  # a real read-only file (root writes whatever the mode says)
-        (data / "usage.sqlite3").chmod(0o444)
+    # a real file nobody may write, root included: immutable (ext4's attribute, as an
+    # operator's chattr +i); `serve` refuses it in one line, exit 2
+    immutable = subprocess.run(["chattr", "+i", str(data / "usage.sqlite3")], capture_output=True)
+    if immutable.returncode != 0:  # a file system without the attribute: the read-only open above stands
+        return
+    try:
         config = tmp_path / "g.toml"
         config.write_text(
-            f'[server]\ndata_dir = "{data}"\n[[backend]]\nname = "m"\nprovider = "openai-compatible"\nbase_url = "http://127.0.0.1:9/v1"\n'
+            f'[server]\ndata_dir = "{data}"\n[[backend]]\nname = "m"\nprovider = "openai-compatible"\n'
+            'base_url = "http://127.0.0.1:9/v1"\n'
         )
         done = _serve(["--config", str(config)])
-        assert done.returncode == 2 and "cannot be written" in done.stderr
+        assert done.returncode == 2 and "cannot be written" in done.stderr, done.stderr[-2000:]
+        assert len([line for line in done.stderr.splitlines() if line.strip()]) == 1
+    finally:
+        subprocess.run(["chattr", "-i", str(data / "usage.sqlite3")], check=True)
 
 
 def test_12_a_zero_limit_refuses_every_request(upstream: FakeOpenAIServer, tmp_path: Path) -> None:

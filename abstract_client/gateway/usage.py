@@ -223,7 +223,7 @@ class UsageLog:
             if count:
                 self._uncertain.append((batch_id, count, now))
             why = str(exc) or type(exc).__name__
-            if not isinstance(exc, self.store.errors):
+            if not isinstance(exc, self.store.errors) and self._failing is None:  # a defect: its trace, once
                 log.exception("usage: writing a batch failed")
             if self._failing is None or now - self._said_at >= 60:  # a streak: said once a minute
                 log.error(

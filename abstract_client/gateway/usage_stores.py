@@ -118,7 +118,7 @@ class SQLiteUsage:
         self.db.close()
 
 
-# ARGV[1]: the batch's marker key (kept a day: a batch that timed out and was applied later is
+# ARGV[1]: the batch's marker key (kept an hour: a batch that timed out and was applied later is
 # found there, and counted once); then (hash, field, n, expire-at) per counter. A field that is
 # not an integer of ours (an operator's edit, "1.5", "0x10", " 7", "inf", past 10^18) is replaced,
 # and so is a day's key of another type: HINCRBY on it would fail the batch, and every one after it.
@@ -135,7 +135,7 @@ for i = 2, #ARGV, 4 do
   end
   redis.call('EXPIREAT', ARGV[i], ARGV[i + 3])
 end
-redis.call('SET', ARGV[1], '1', 'EX', 86400)
+redis.call('SET', ARGV[1], '1', 'EX', 3600)
 return 1
 """
 _SUMS = ("requests", "prompt_tokens", "cached_tokens", "generated_tokens", "computed")
