@@ -98,14 +98,3 @@ def llm(server: FakeServer, lane: str) -> Iterator[LLM]:
     client = create_llm(lane, "fake-model", base_url=server.base_url, max_retries=0)
     yield client
     client.close()
-
-
-@pytest.fixture
-def redis(tmp_path: Path) -> Iterator[Any]:
-    """A real ``redis-server`` on a free loopback port, empty, stopped after the test
-    (``test_gateway_hosts.RedisServer``: ``kill``, ``pause``, ``resume``, ``restart``)."""
-    from .test_gateway_hosts import RedisServer
-
-    server = RedisServer(tmp_path)
-    yield server
-    server.stop()
