@@ -19,6 +19,7 @@ from abstract_client.gateway.limit_steps import admit_step, fresh_state, release
 from abstract_client.gateway.limit_stores import MemoryLimits, RedisLimits, SQLiteLimits
 from abstract_client.gateway.limits import DEFAULT_RESERVE, Admission, Limiter, Refusal, prompt_bound
 
+from .helpers import needs_module
 from .test_gateway_hosts import RedisServer
 from .test_gateway_usage_hosts import redis_fixture  # noqa: F401 (the `redis` fixture)
 
@@ -162,6 +163,7 @@ def test_the_limiter_admits_against_its_store_and_settles_once(kind: str, tmp_pa
         assert len(state["f"]) == 1 and state["s"] == 151
 
 
+@needs_module("tokenizers", "mlx")
 def test_the_prompt_bound_is_never_below_a_real_tokenizers_count() -> None:
     """SmolLM2's byte-level BPE tokenizer (the model the suite runs), on texts in several
     scripts, emoji and markup: the bound is above the chat template's whole count."""
