@@ -348,7 +348,7 @@ def test_11_a_usage_database_that_cannot_be_written_is_refused_at_start(tmp_path
 
     data = tmp_path / "data"
     data.mkdir()
-    sqlite3.connect(data / "usage.sqlite3").close()
+    usage_module.SQLiteUsage(data / "usage.sqlite3").close()  # a database a gateway wrote before
     real = usage_module.sqlite3.connect
 
     def read_only(path: Any, *args: Any, **kwargs: Any) -> sqlite3.Connection:
