@@ -184,6 +184,48 @@ def test_a_deadline_and_a_request_id_stop_a_call(server: FakeOpenAIServer) -> No
     client.close()
 
 
+def test_a_stopped_call_stays_stopped_whoever_retries_it(server: FakeOpenAIServer) -> None:
+    """``cancel(id)`` stops the request in flight; the retries a framework sends next in the same
+    block (a retry layer that tries again on any error, as LangChain's ``with_retry`` does) are
+    refused before a byte is sent, with the same typed error: one request, never an answer. A
+    cancel while nothing is in flight (a retry's sleep) stops what the block sends next."""
+    client = openai_client(server)
+    press = press_when(after_tokens(server, 5), lambda: sdk.cancel("job-1"))
+    caught: list[GenerationCancelledError] = []
+    with sdk.stop_on("job-1"):
+        for _ in range(3):
+            try:
+                client.chat.completions.create(model="fake-model", messages=CHAT)  # type: ignore[arg-type]
+            except GenerationCancelledError as err:
+                caught.append(err)
+    assert [e.reason for e in caught] == ["user"] * 3
+    assert_stopped_server_side(server, press.wait())
+    assert sent(server) == 1
+    with sdk.stop_on("job-2"):
+        assert sdk.cancel("job-2") == 0  # nothing in flight
+        with pytest.raises(GenerationCancelledError):
+            client.chat.completions.create(model="fake-model", messages=CHAT, stream=True)  # type: ignore[arg-type]
+    assert sent(server) == 1
+    # a stream its reader left is no stop of the block; a new block is a new call
+    with sdk.stop_on("job-3"):
+        with client.chat.completions.create(model="fake-model", messages=CHAT, stream=True, max_tokens=50) as stream:  # type: ignore[arg-type,call-overload]
+            next(iter(stream))
+        answer = client.chat.completions.create(model="fake-model", messages=CHAT, max_tokens=3)  # type: ignore[arg-type]
+    assert answer.choices[0].finish_reason == "length"
+    client.close()
+
+
+def test_nested_blocks_add_their_request_ids(server: FakeOpenAIServer) -> None:
+    client = openai_client(server)
+    press = press_when(after_tokens(server, 5), lambda: sdk.cancel("outer-job"))
+    with pytest.raises(GenerationCancelledError) as info, sdk.stop_on("outer-job"), sdk.stop_on("inner-step"):
+        client.chat.completions.create(model="fake-model", messages=CHAT)  # type: ignore[arg-type]
+    assert info.value.request_id == "inner-step"  # named by the innermost block
+    assert_stopped_server_side(server, press.wait())
+    assert sdk.cancel("outer-job") == sdk.cancel("inner-step") == 0
+    client.close()
+
+
 def test_the_responses_api_stream_stops_with_its_text(server: FakeOpenAIServer) -> None:
     client = openai_client(server)
     stop = threading.Event()

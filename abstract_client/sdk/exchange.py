@@ -32,10 +32,10 @@ from ..http.transport import GuardedTransport
 from ..stopping.abort import AbortSignal
 from ..stopping.event_hook import on_set
 from ..stopping.loop import loop_caller
-from ..stopping.token import StopToken, reason_from_signal
+from ..stopping.token import Step, StopToken, reason_from_signal
 from ..wires.ollama import OLLAMA
 from ..wires.wire import WIRES, Wire
-from .binding import Binding
+from .binding import Binding, latches_named
 
 __all__ = ["Exchange", "cancel", "stop_error_class"]
 
@@ -49,8 +49,11 @@ _WHOLE_BYTES = 4 << 20  # a non-streamed answer up to this size is read in the r
 
 
 def cancel(request_id: str) -> int:
-    """Stop every request in flight that was sent under ``stop_on(request_id)``, from any thread;
-    how many were stopped."""
+    """Stop every request in flight that was sent under ``stop_on(request_id)`` (in that block or
+    one nested in it), from any thread, and every request such a block sends afterwards (a
+    retry); how many in flight were stopped."""
+    for latch in latches_named(request_id):
+        latch.set("user")
     with _by_id_lock:
         tokens = list(_by_id.get(request_id, ()))
     return sum(token.stop("user") for token in tokens)
@@ -92,10 +95,24 @@ class Exchange:
         self._decoder: ChunkDecoder | None = None  # the answer's wire's, for the text a stop keeps
         self._text: list[str] = []
         self._unbinds: list[Callable[[], None]] = []
-        self._listed = binding.request_id is not None
-        if self._listed:
-            with _by_id_lock:
-                _by_id.setdefault(self.request_id, set()).add(self.token)
+        self._ids = binding.request_ids
+        with _by_id_lock:
+            for request_id in self._ids:
+                _by_id.setdefault(request_id, set()).add(self.token)
+        for latch in binding.latches:  # a stop in its block already: stopped here, nothing is sent
+            if latch.stop is not None:
+                reason, signal_reason = latch.stop
+                self.token.stop(reason, signal_reason=signal_reason)  # type: ignore[arg-type]
+                break
+        latches = binding.latches
+
+        def remember() -> None:  # the caller's stop (not a consumer leaving): the block's too
+            if self.token.stopped_by_caller:
+                for each in latches:
+                    each.set(self.token.reason or "user", self.token.signal_reason)
+
+        # before the caller wakes (the first WAKE hook): its retry finds the block stopped
+        self._unbinds.append(self.token.add_hook(remember, step=Step.WAKE))
         for event in binding.events:  # (one already set stops the token here: nothing is sent)
             self._unbinds.append(on_set(event, lambda: self.token.stop("user")))
         for signal in binding.signals:
@@ -115,14 +132,14 @@ class Exchange:
         unbinds, self._unbinds = self._unbinds, []
         for unbind in unbinds:
             unbind()
-        if self._listed:
-            self._listed = False
-            with _by_id_lock:
-                tokens = _by_id.get(self.request_id)
+        ids, self._ids = self._ids, ()
+        with _by_id_lock:
+            for request_id in ids:
+                tokens = _by_id.get(request_id)
                 if tokens is not None:
                     tokens.discard(self.token)
                     if not tokens:
-                        del _by_id[self.request_id]
+                        del _by_id[request_id]
 
     # -- the request -------------------------------------------------------------------------
 
