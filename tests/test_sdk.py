@@ -215,6 +215,42 @@ def test_a_stopped_call_stays_stopped_whoever_retries_it(server: FakeOpenAIServe
     client.close()
 
 
+class _FrameworkError(Exception):
+    """What a framework wraps whatever it meets in (instructor's retry exception, LiteLLM's)."""
+
+
+def test_a_wrapped_stop_is_the_typed_error_at_the_blocks_edge(server: FakeOpenAIServer) -> None:
+    client = openai_client(server)
+    stop = threading.Event()
+    press = press_when(after_tokens(server, 5), stop.set)
+    with pytest.raises(GenerationCancelledError) as info, sdk.stop_on(stop):
+        try:
+            for _ in client.chat.completions.create(model="fake-model", messages=CHAT, stream=True):  # type: ignore[arg-type,call-overload]
+                pass
+        except Exception as exc:
+            raise _FrameworkError("the call failed") from exc
+    assert isinstance(info.value.__cause__, _FrameworkError) and info.value.reason == "user"
+    assert info.value.partial_text  # the first stopped request's, not an empty retry's
+    assert_stopped_server_side(server, press.wait())
+    with pytest.raises(_FrameworkError), sdk.stop_on(threading.Event()):  # no stop: as it is
+        raise _FrameworkError("mine")
+    client.close()
+
+    async def in_a_task() -> None:
+        aclient = openai.AsyncOpenAI(base_url=server.base_url, api_key="k", http_client=sdk.async_http_client())
+        with pytest.raises(GenerationCancelledError) as caught, sdk.stop_on("job-async"):
+            try:
+                stream = await aclient.chat.completions.create(model="fake-model", messages=CHAT, stream=True)  # type: ignore[arg-type,call-overload]
+                async for _ in stream:
+                    sdk.cancel("job-async")
+            except Exception as exc:
+                raise _FrameworkError("wrapped") from exc
+        assert isinstance(caught.value.__cause__, _FrameworkError)
+        await aclient.close()
+
+    asyncio.run(in_a_task())
+
+
 def test_nested_blocks_add_their_request_ids(server: FakeOpenAIServer) -> None:
     client = openai_client(server)
     press = press_when(after_tokens(server, 5), lambda: sdk.cancel("outer-job"))
@@ -327,10 +363,14 @@ def test_anthropic_messages_stop_unwrapped_and_never_retried(server: FakeOpenAIS
     client = anthropic.Anthropic(base_url=server.url, api_key="k", http_client=sdk.http_client())
     stop = threading.Event()
     press = press_when(after_tokens(server, 5), stop.set)
-    with pytest.raises(GenerationCancelledError) as info, sdk.stop_on(stop):
-        client.messages.create(model="fake-model", max_tokens=LONG, messages=CHAT)  # type: ignore[arg-type]
+    raised: BaseException | None = None
+    with sdk.stop_on(stop):
+        try:  # what the SDK itself raises (the block's edge would convert a wrapped stop)
+            client.messages.create(model="fake-model", max_tokens=LONG, messages=CHAT)  # type: ignore[arg-type]
+        except Exception as exc:
+            raised = exc
     assert time.perf_counter() - press.wait() < RELEASED
-    assert not isinstance(info.value, anthropic.APIConnectionError)
+    assert isinstance(raised, GenerationCancelledError) and not isinstance(raised, anthropic.APIConnectionError)
     assert_stopped_server_side(server, press.wait())
     assert sent(server, "/v1/messages") == 1  # max_retries=2: not retried
 

@@ -10,7 +10,10 @@ ends, and a request sent later, outside any block, has none.
 stopped by one of its sources (an event, a signal, a deadline, ``cancel(id)``), every request
 sent afterwards in the block — an SDK's retry, a framework's retry layer or fallback — is
 stopped before a byte is sent, with the same reason. ``cancel(id)`` sets the latch of a block
-bound to that id even when no request is in flight (a retry's sleep).
+bound to that id even when no request is in flight (a retry's sleep). And whatever a framework
+wrapped the stop in, the exception that leaves the block is the contract's
+``GenerationCancelledError`` of the block's first stopped request (the framework's exception as
+its ``__cause__``).
 """
 
 from __future__ import annotations
@@ -22,24 +25,32 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from ..errors import GenerationCancelledError
 from ..stopping.abort import AbortSignal
 
 __all__ = ["Binding", "Latch", "current_binding", "latches_named", "stop_on"]
 
 
 class Latch:
-    """A ``stop_on`` block's memory of its stop: ``(reason, signal_reason)`` once set, first wins."""
+    """A ``stop_on`` block's memory of its stop: ``(reason, signal_reason)`` once set, and the
+    error its first stopped request raised (the one the block's edge raises); first wins."""
 
-    __slots__ = ("_lock", "stop")
+    __slots__ = ("_lock", "error", "stop")
 
     def __init__(self) -> None:
         self.stop: tuple[str, object] | None = None
+        self.error: GenerationCancelledError | None = None
         self._lock = threading.Lock()
 
     def set(self, reason: str, signal_reason: object = None) -> None:
         with self._lock:
             if self.stop is None:
                 self.stop = (reason, signal_reason)
+
+    def raised(self, error: GenerationCancelledError) -> None:
+        with self._lock:
+            if self.error is None:
+                self.error = error
 
 
 @dataclass(frozen=True)
@@ -114,6 +125,13 @@ def stop_on(*sources: threading.Event | AbortSignal | float | str) -> Iterator[N
     reset = _current.set(Binding(tuple(events), tuple(signals), tuple(request_ids), (*outer.latches, latch)))
     try:
         yield
+    except Exception as exc:
+        # a framework that wrapped the stop (an SDK's connection error after its retries, a
+        # retry layer's own exception): the caller gets the contract's error here, where it
+        # wrote the stop, the framework's exception kept as its cause
+        if latch.error is None or isinstance(exc, GenerationCancelledError):
+            raise
+        raise latch.error from exc
     finally:
         _current.reset(reset)
         with _by_id_lock:

@@ -104,7 +104,7 @@ class Exchange:
                 reason, signal_reason = latch.stop
                 self.token.stop(reason, signal_reason=signal_reason)  # type: ignore[arg-type]
                 break
-        latches = binding.latches
+        latches = self._latches = binding.latches
 
         def remember() -> None:  # the caller's stop (not a consumer leaving): the block's too
             if self.token.stopped_by_caller:
@@ -216,6 +216,8 @@ class Exchange:
             request_id=self.request_id,
         )
         err.received_bytes = self.received  # type: ignore[attr-defined]
+        for latch in self._latches:  # what the block's edge raises, whatever wraps this one
+            latch.raised(err)
         return err
 
     def _decode(self) -> None:
