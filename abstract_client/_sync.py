@@ -16,6 +16,7 @@ import asyncio
 import concurrent.futures
 import contextvars
 import logging
+import sys
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
@@ -174,7 +175,11 @@ class Portal:
             pass
 
     def submit(self, fn: Callable[[], Coroutine[Any, Any, Any]]) -> None:
-        """Fire and forget (cleanup from ``__del__``)."""
+        """Fire and forget (cleanup from ``__del__``). Not while the interpreter ends: a loop
+        thread started then never runs, and its start would wait for it for ever."""
+        if sys.is_finalizing():
+            fn().close()
+            return
         try:
             _on_loop(fn(), self.loop)
         except RuntimeError:

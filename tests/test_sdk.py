@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -249,6 +251,34 @@ def test_a_wrapped_stop_is_the_typed_error_at_the_blocks_edge(server: FakeOpenAI
         await aclient.close()
 
     asyncio.run(in_a_task())
+
+
+_LEAVER = """
+import sys
+import openai
+from abstract_client import sdk
+
+client = openai.OpenAI(base_url=sys.argv[1], api_key="k", http_client=sdk.http_client(flavor=sys.argv[2]))
+stream = client.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "hi"}], stream=True)
+for i, _ in enumerate(stream):
+    if i >= 3:
+        break  # and the script ends, the stream never closed (as LiteLLM's wrapper leaves it)
+"""
+
+
+@pytest.mark.parametrize("flavor", ["httpx2", "httpx"])
+def test_a_script_that_leaves_a_stream_open_exits_and_severs_it(server: FakeOpenAIServer, flavor: str) -> None:
+    """Garbage collection at the interpreter's end closes the stream: it used to start a loop
+    thread then and wait for it for ever (the process never exited)."""
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", _LEAVER, server.base_url, flavor], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert time.monotonic() - started < 30
+    record = server.last
+    server.wait_for_disconnect(record, 5)  # the server saw the connection go
+    assert not record.completed
 
 
 def test_nested_blocks_add_their_request_ids(server: FakeOpenAIServer) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import importlib
+import sys
 import threading
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -224,6 +225,9 @@ def _sync_class(flavor: ModuleType) -> type:
                 return
             self._closed = True
             self._exchange.release()
+            if sys.is_finalizing():  # collected as the interpreter ends (a `break` nobody closed):
+                self._exchange.guard.sever()  # the server is told here; no loop may run now
+                return
             pieces, response = self._pieces, self._response
 
             async def finish() -> None:
