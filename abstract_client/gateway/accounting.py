@@ -10,10 +10,12 @@ engine (refused by a limit, a full queue, stopped while queued) costs nothing.""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +24,7 @@ from ..wires.chat_server import openai_error
 from .config import ConfigError, GatewayConfig
 from .keys import ANONYMOUS
 from .limit_stores import LimitStore, MemoryLimits, SQLiteLimits
-from .limits import MAX_TOKENS, UNLIMITED, Admission, Limiter, Refusal, period_bounds
+from .limits import MAX_TOKENS, UNLIMITED, Admission, Limiter, Refusal, period_bounds, prompt_bound
 from .usage import UsageLog
 from .usage_records import UsageRecord, UsageUnwritable, usage_file
 
@@ -60,6 +62,7 @@ class Accounting:
             when_down=config.limits_store_down,
         )
         self._lock = threading.Lock()
+        self._renewing: asyncio.Task[None] | None = None  # renews this process's reservations (start)
         self.clamped = 0  # usage numbers out of range an upstream reported (clamped, said)
         self._said_clamped_at = 0.0
         # per key and backend (both bounded by the config: a key nobody configured is a 401)
@@ -85,13 +88,15 @@ class Accounting:
         return spent
 
     async def admit(
-        self, key: str, max_tokens: Any, prompt_tokens: int = 0, *, count_only: bool = False
+        self, key: str, max_tokens: Any, prompt: Mapping[str, Any] | None = None, *, count_only: bool = False
     ) -> Admission | Refusal:
         """Within the key's limits (an admission to settle at the end), or a refusal to send.
-        ``prompt_tokens``: the prompt's bound (``limits.prompt_bound``), reserved with
-        ``max_tokens``; ``count_only``: a token count (concurrency and requests only)."""
+        ``prompt``: the call's arguments, whose prompt's bound (``limits.prompt_bound``, walked
+        only for a key with limits) is reserved with ``max_tokens``; ``count_only``: a token
+        count (concurrency and requests only)."""
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
             max_tokens = None
+        prompt_tokens = prompt_bound(prompt) if prompt is not None and self.limiter.limited(key) else 0
         admitted = await self.limiter.admit(key, max_tokens, prompt_tokens, count_only=count_only)
         if isinstance(admitted, Refusal):
             with self._lock:
@@ -229,14 +234,11 @@ class Accounting:
 
     async def start(self) -> None:
         """On the gateway's loop: renew this process's reservations while it lives."""
-        import asyncio
-
         self._renewing = asyncio.get_running_loop().create_task(self.limiter.run_renewals())
 
     async def aclose(self) -> None:
-        renewing = getattr(self, "_renewing", None)
-        if renewing is not None:
-            renewing.cancel()
+        if self._renewing is not None:
+            self._renewing.cancel()
         await self.limiter.aclose()
 
     def close(self) -> None:

@@ -20,7 +20,7 @@ from ..errors import GenerationCancelledError, StopReason
 from ..wires.chat_server import Shape, as_written, error_body, openai_error
 from .departures import watch_client
 from .keys import ANONYMOUS
-from .limits import Refusal, prompt_bound
+from .limits import Refusal
 from .request_ids import scoped
 from .stall import UnsentWatch
 from .state import Backend, Flight, Gateway
@@ -83,7 +83,7 @@ class GenerationResponse:
             return
         # the key's limits, before a slot is waited for or anything is sent upstream
         name = state.get("key_name") or ANONYMOUS
-        admitted = await gateway.accounting.admit(name, self.max_tokens, self._prompt_tokens(name))
+        admitted = await gateway.accounting.admit(name, self.max_tokens, self.prompt)
         if isinstance(admitted, Refusal):
             body, headers = gateway.accounting.refused(admitted, name, backend.name, self.endpoint, self.request_id)
             await self._refuse(send, admitted.status, body, headers)
@@ -130,12 +130,6 @@ class GenerationResponse:
                 gateway.upstreams.finished(backend.name, status, flight.error)
                 if flight.span is not None:
                     flight.span.set_attribute("http.response.status_code", status)
-
-    def _prompt_tokens(self, key: str) -> int:
-        """The prompt's bound, for a key with limits (for the others, nothing is walked)."""
-        if self.prompt is None or not self.gateway.accounting.limiter.limited(key):
-            return 0
-        return prompt_bound(self.prompt)
 
     async def _in_slot(self, flight: Flight, send: Send) -> int:
         """Wait for a slot (bounded: 503 + Retry-After), then run; a client that leaves while

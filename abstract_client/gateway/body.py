@@ -11,7 +11,7 @@ import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from ..wires.chat_server import MAX_MESSAGES, BadRequest, error_body, openai_error
+from ..wires.chat_server import MAX_MESSAGES, BadRequest, Shape, as_written, error_body, openai_error
 from .json_parse import CHUNK, TooManyValues, parse_in_pieces, structure
 
 __all__ = [
@@ -113,6 +113,14 @@ def no_backend(model: Any) -> JSONResponse:
 def error_response(err: BaseException) -> JSONResponse:
     status, body = error_body(err)
     return JSONResponse(body, status_code=status)
+
+
+def refusal_response(
+    status: int, body: Any, headers: list[tuple[bytes, bytes]], shape: Shape = as_written
+) -> JSONResponse:
+    """A key's limit refusing a request (``Accounting.refused``'s body and headers), in the
+    route's ``shape``, for a route that answers with a Starlette response."""
+    return JSONResponse(shape(status, body), status, headers={k.decode(): v.decode() for k, v in headers})
 
 
 def store_unavailable(

@@ -20,7 +20,7 @@ from ..types import GenerationRequest
 from ..wires.chat_server import BadRequest
 from ..wires.messages_server import MessageFrames, anthropic_error_body, anthropic_shape, message_body, messages_args
 from .asgi import GenerationResponse
-from .body import read_json, request_id_of
+from .body import read_json, refusal_response, request_id_of
 from .generation import stream_answer, whole_answer
 from .keys import ANONYMOUS
 from .limits import Refusal
@@ -118,8 +118,7 @@ def count_tokens_endpoint(gateway: Gateway) -> Callable[[Request], Awaitable[Any
         admitted = await gateway.accounting.admit(name, 0, count_only=True)
         if isinstance(admitted, Refusal):
             refusal, headers = gateway.accounting.refused(admitted, name, backend.name, "count_tokens", request_id)
-            status, shaped = admitted.status, anthropic_shape(admitted.status, refusal)
-            return JSONResponse(shaped, status, headers={k.decode(): v.decode() for k, v in headers})
+            return refusal_response(admitted.status, refusal, headers, anthropic_shape)
         failed: BaseException | None = None
         try:
             count = await backend.llm.acount_tokens(messages=kwargs["messages"], timeout=30.0)

@@ -37,11 +37,11 @@ from ..wires.chat_server import BadRequest, generation_args, openai_error
 from ..wires.responses_server import ResponseBuilder, chat_body_of, encode_event, new_response_id
 from .asgi import GenerationResponse
 from .background import OWNER_END, OWNER_LOST, ResponseRecord, read_query
-from .body import error_response, no_backend, read_json, request_id_of, store_unavailable
+from .body import error_response, no_backend, read_json, refusal_response, request_id_of, store_unavailable
 from .generation import stream_answer, whole_answer
 from .hosts import StoreUnavailable
 from .keys import ANONYMOUS
-from .limits import Refusal, prompt_bound
+from .limits import Refusal
 from .reader_stream import ReaderStream
 from .request_ids import scoped
 from .state import Backend, Flight, Gateway
@@ -99,12 +99,10 @@ async def _start_background(
         return error_response(err)
     store = gateway.background
     name = request.scope["state"].get("key_name") or ANONYMOUS
-    # before the 200, as a foreground one
-    prompt = prompt_bound(kwargs) if gateway.accounting.limiter.limited(name) else 0
-    admitted = await gateway.accounting.admit(name, kwargs.get("max_tokens"), prompt)
+    admitted = await gateway.accounting.admit(name, kwargs.get("max_tokens"), kwargs)  # before the 200
     if isinstance(admitted, Refusal):
         body, headers = gateway.accounting.refused(admitted, name, backend.name, "responses", request_id_of(request))
-        return JSONResponse(body, admitted.status, headers={k.decode(): v.decode() for k, v in headers})
+        return refusal_response(admitted.status, body, headers)
     if not store.room():
         admitted.settle(0)
         message = f"this gateway holds {gateway.config.max_background} background responses (max_background)"

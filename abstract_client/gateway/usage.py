@@ -17,6 +17,7 @@ found by its id and counted written instead, once. The writer survives any excep
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -58,8 +59,6 @@ class Journal:
         self.name, self._fd = self._open()
 
     def _open(self) -> tuple[str, int]:
-        import fcntl
-
         self._seq += 1
         name = f"{self._prefix}{self._seq}"
         fd = os.open(self.directory / f"{name}.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -88,8 +87,6 @@ class Journal:
     def orphans(directory: Path) -> Iterator[tuple[str, list[UsageRecord]]]:
         """The journals of processes that died (files nobody locks): (batch name, records),
         each file deleted once the caller has the records written (after the next ``yield``)."""
-        import fcntl
-
         for path in sorted(directory.glob(f"{_JOURNAL}*.jsonl")):
             try:
                 fd = os.open(path, os.O_RDONLY)
