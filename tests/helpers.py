@@ -60,6 +60,12 @@ class Press:
     def cancel(self) -> None:
         self._done.set()
 
+    def settle(self) -> float | None:
+        """Stop looking and join the presser: when it pressed, or None if it never did."""
+        self._done.set()
+        self._thread.join()
+        return self.at
+
     def wait(self, timeout: float | None = None) -> float:
         """Join the presser; the time it pressed (fails the test if the phase never came)."""
         self._thread.join(self._timeout if timeout is None else timeout)

@@ -77,15 +77,31 @@ def lm(vllm: VLLMServer) -> Iterator[LLM]:
 def server_lane(vllm: VLLMServer) -> ServerLane:
     """vLLM's part of the shared suite (tests/server_contract.py): its evidence is
     ``vllm:num_requests_running`` back to 0 and its generated-token count frozen."""
+
+    def decoding(before: float) -> bool:
+        running, made = progress(vllm)
+        return running >= 1 and made >= before + 10
+
+    def prefilling(before: float) -> bool:
+        running, made = progress(vllm)
+        return running >= 1 and made == before
+
     return ServerLane(
         story=STORY,
         max_tokens=1500,
         long_prompt="Summarise: " + " ".join(f"word{i % 97}" for i in range(600)),  # ~1800 tokens, 64 per step
         mark=vllm.generation_tokens,
-        decoding=lambda before: vllm.running() >= 1 and vllm.generation_tokens() >= before + 10,
-        prefilling=lambda before: vllm.running() >= 1 and vllm.generation_tokens() == before,
+        decoding=decoding,
+        prefilling=prefilling,
         assert_stopped=lambda before: assert_vllm_stopped(vllm),
     )
+
+
+def progress(vllm: VLLMServer) -> tuple[float, float]:
+    """Requests running and tokens generated, from ONE scrape of ``/metrics`` (two scrapes can
+    straddle the request's end)."""
+    metrics = vllm.metrics()
+    return metrics.get("vllm:num_requests_running", 0.0), metrics.get("vllm:generation_tokens_total", 0.0)
 
 
 def wait_running(vllm: VLLMServer, value: float, timeout: float) -> bool:
