@@ -40,6 +40,9 @@ def test_openai_not_streamed_and_streamed_stop_in_llama_server(llama: LlamaServe
         client.chat.completions.create(model="smollm2", messages=STORY, max_tokens=2000, extra_body=GOING)  # type: ignore[arg-type]
     assert time.perf_counter() - press.wait() < 5.0  # generous: the raise follows the press at once
     assert info.value.reason == "user"
+    # carried over the stream: the text so far is kept, and llama-server stops at its next token
+    # write (a plain request's socket it checks ~0.5 s late: ~75 more tokens on SmolLM2)
+    assert info.value.partial_text
     assert_server_stopped(llama, before)
 
     async def cancelled_stream() -> None:
@@ -107,3 +110,25 @@ def test_langchain_invoke_stops_in_llama_server(llama: LlamaServer) -> None:  # 
     assert time.perf_counter() - press.wait() < 5.0
     assert_server_stopped(llama, before)
     http.close()
+
+
+def test_a_carried_plain_call_answers_as_the_plain_one(llama: LlamaServer) -> None:  # noqa: F811
+    """Greedy: the same question sent plainly and carried over the stream gives the same answer,
+    counted the same (the fold rebuilds the body llama-server would have sent)."""
+    assert llama.wait_idle(10)
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    answers = []
+    for carry in (False, True):
+        client = openai.OpenAI(
+            base_url=f"{llama.url}/v1", api_key="k", http_client=sdk.http_client(carry_plain_calls=carry)
+        )
+        answers.append(client.chat.completions.create(model="smollm2", messages=question, max_tokens=20, temperature=0))  # type: ignore[arg-type]
+        client.close()
+    plain, carried = answers
+    assert carried.choices[0].message.content == plain.choices[0].message.content
+    assert carried.choices[0].finish_reason == plain.choices[0].finish_reason
+    assert carried.usage is not None and plain.usage is not None
+    assert (carried.usage.prompt_tokens, carried.usage.completion_tokens) == (
+        plain.usage.prompt_tokens,
+        plain.usage.completion_tokens,
+    )

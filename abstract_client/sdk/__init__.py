@@ -32,12 +32,14 @@ def http_client(
     verify: Any = True,
     cert: Any = None,
     trust_env: bool = True,
+    carry_plain_calls: bool = True,
     **client_kwargs: Any,
 ) -> Any:
     """A ``httpx2.Client`` (``flavor="httpx"``: an ``httpx.Client``) for an SDK's
-    ``http_client=``; ``proxy``, ``verify``, ``cert`` and ``trust_env`` as httpx reads them, the
-    other keywords (``timeout``, ``headers``…) passed to the client."""
-    return _client(False, flavor, proxy, verify, cert, trust_env, client_kwargs)
+    ``http_client=``; ``proxy``, ``verify``, ``cert`` and ``trust_env`` as httpx reads them,
+    ``carry_plain_calls`` as :func:`transport` takes it, the other keywords (``timeout``,
+    ``headers``…) passed to the client."""
+    return _client(False, flavor, proxy, verify, cert, trust_env, carry_plain_calls, client_kwargs)
 
 
 def async_http_client(
@@ -47,14 +49,22 @@ def async_http_client(
     verify: Any = True,
     cert: Any = None,
     trust_env: bool = True,
+    carry_plain_calls: bool = True,
     **client_kwargs: Any,
 ) -> Any:
     """The async twin of :func:`http_client`: a ``httpx2.AsyncClient`` (or ``httpx.AsyncClient``)."""
-    return _client(True, flavor, proxy, verify, cert, trust_env, client_kwargs)
+    return _client(True, flavor, proxy, verify, cert, trust_env, carry_plain_calls, client_kwargs)
 
 
 def _client(
-    is_async: bool, flavor: str, proxy: Any, verify: Any, cert: Any, trust_env: bool, kwargs: dict[str, Any]
+    is_async: bool,
+    flavor: str,
+    proxy: Any,
+    verify: Any,
+    cert: Any,
+    trust_env: bool,
+    carry: bool,
+    kwargs: dict[str, Any],
 ) -> Any:
     for name in _REFUSED:
         if name in kwargs:
@@ -64,6 +74,6 @@ def _client(
     make = async_transport if is_async else transport
     # The environment's proxy is the transport's to read: a client given a transport mounts no
     # other for it (httpx and httpx2 alike), so every request goes through the stop.
-    sending = make(flavor=flavor, proxy=proxy, verify=verify, cert=cert, trust_env=trust_env)
+    sending = make(flavor=flavor, proxy=proxy, verify=verify, cert=cert, trust_env=trust_env, carry_plain_calls=carry)
     module = flavor_module(flavor)
     return (module.AsyncClient if is_async else module.Client)(transport=sending, trust_env=trust_env, **kwargs)

@@ -9,16 +9,17 @@ code, and the same severing stop, as every generation the library makes itself.
 What the caller sees of a stop is :meth:`Exchange.stop_error`: the contract's
 ``GenerationCancelledError`` with its reason, the time from the stop to the raise, the bytes
 received and, for a stream in a dialect it recognises, the text so far. It must pass through the
-SDK unchanged and unretried: openai-python lets any exception it does not know pass; the
-anthropic SDK wraps and retries every exception that is not an ``anthropic.AnthropicError``, so
-once that SDK is loaded the error also derives from that class (``stop_error_class``).
+SDK unchanged and unretried: openai-python from 3.14.1 lets any exception it does not know pass;
+the anthropic SDK and older openai-pythons wrap and retry every exception that is not their own
+(``anthropic.AnthropicError``, ``openai.OpenAIError``), so once such an SDK is loaded the error
+also derives from its class (``stop_error_class``).
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import sys
-import threading
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -28,11 +29,11 @@ import httpx
 from ..errors import GenerationCancelledError
 from ..http.chunk_decoder import ChunkDecoder
 from ..http.guard import SocketGuard, current_guard
+from ..http.sse import SSEDecoder
 from ..http.transport import GuardedTransport
-from ..stopping.abort import AbortSignal
-from ..stopping.event_hook import on_set
 from ..stopping.loop import loop_caller
-from ..stopping.token import Step, StopToken, reason_from_signal
+from ..stopping.token import Step, StopToken
+from ..wires.folds import Fold
 from ..wires.ollama import OLLAMA
 from ..wires.wire import WIRES, Wire
 from .binding import Binding, latches_named
@@ -40,36 +41,42 @@ from .binding import Binding, latches_named
 __all__ = ["Exchange", "cancel", "stop_error_class"]
 
 _ids = itertools.count(1)
-_by_id: dict[str, set[StopToken]] = {}
-_by_id_lock = threading.Lock()
 # A stream's raw bytes are decoded into text only if it is stopped; past this much they are
 # decoded now, so a long stream never holds its whole body.
 _HOLD_BYTES = 1 << 20
 _WHOLE_BYTES = 4 << 20  # a non-streamed answer up to this size is read in the request's own trip
+_BODY_HEADERS = (b"content-type", b"content-length", b"transfer-encoding", b"content-encoding")
+
+
+def _wire_at(path: str) -> Wire | None:
+    """The dialect whose route ``path`` is (by its end: any server root, any ``/v1``)."""
+    return next((w for w in WIRES.values() if path.endswith(w.path)), None)
 
 
 def cancel(request_id: str) -> int:
     """Stop every request in flight that was sent under ``stop_on(request_id)`` (in that block or
     one nested in it), from any thread, and every request such a block sends afterwards (a
     retry); how many in flight were stopped."""
-    for latch in latches_named(request_id):
-        latch.set("user")
-    with _by_id_lock:
-        tokens = list(_by_id.get(request_id, ()))
-    return sum(token.stop("user") for token in tokens)
+    return sum(latch.set("user") for latch in latches_named(request_id))
 
 
 _classes: dict[tuple[type, ...], type[GenerationCancelledError]] = {}
 
 
+# The SDKs that wrap and retry what is not their own error: (module, its error class) — the
+# anthropic SDK (every version), openai-python before 3.14.1 (later ones let a foreign error pass)
+_OWN_ERRORS = (("anthropic", "AnthropicError"), ("openai", "OpenAIError"))
+
+
 def stop_error_class() -> type[GenerationCancelledError]:
-    """``GenerationCancelledError``, made to derive from ``anthropic.AnthropicError`` too once the
-    anthropic SDK is imported (else that SDK wraps it as a connection error and retries it)."""
+    """``GenerationCancelledError``, made to derive from ``anthropic.AnthropicError`` and
+    ``openai.OpenAIError`` too once those SDKs are imported (else the anthropic SDK and an
+    openai-python before 3.14.1 wrap it as a connection error and retry it)."""
     bases: tuple[type, ...] = (GenerationCancelledError,)
-    anthropic = sys.modules.get("anthropic")
-    own = getattr(anthropic, "AnthropicError", None)
-    if isinstance(own, type) and issubclass(own, Exception):
-        bases += (own,)
+    for module_name, class_name in _OWN_ERRORS:
+        own = getattr(sys.modules.get(module_name), class_name, None)
+        if isinstance(own, type) and issubclass(own, Exception):
+            bases += (own,)
     if len(bases) == 1:
         return GenerationCancelledError
     cls = _classes.get(bases)
@@ -93,53 +100,26 @@ class Exchange:
         self.received = 0  # body bytes received
         self._held = bytearray()
         self._decoder: ChunkDecoder | None = None  # the answer's wire's, for the text a stop keeps
+        self._fold: Fold | None = None  # a plain call carried over its stream (``carried``)
         self._text: list[str] = []
         self._unbinds: list[Callable[[], None]] = []
-        self._ids = binding.request_ids
-        with _by_id_lock:
-            for request_id in self._ids:
-                _by_id.setdefault(request_id, set()).add(self.token)
-        for latch in binding.latches:  # a stop in its block already: stopped here, nothing is sent
-            if latch.stop is not None:
-                reason, signal_reason = latch.stop
-                self.token.stop(reason, signal_reason=signal_reason)  # type: ignore[arg-type]
-                break
         latches = self._latches = binding.latches
 
-        def remember() -> None:  # the caller's stop (not a consumer leaving): the block's too
+        def remember() -> None:  # the caller's stop (not a consumer leaving): the blocks' error
             if self.token.stopped_by_caller:
                 for each in latches:
-                    each.set(self.token.reason or "user", self.token.signal_reason)
+                    each.stopped_request(self.stop_error)
 
-        # before the caller wakes (the first WAKE hook): its retry finds the block stopped
         self._unbinds.append(self.token.add_hook(remember, step=Step.WAKE))
-        for event in binding.events:  # (one already set stops the token here: nothing is sent)
-            self._unbinds.append(on_set(event, lambda: self.token.stop("user")))
-        for signal in binding.signals:
-            self._bind_signal(signal)
-
-    def _bind_signal(self, signal: AbortSignal) -> None:
-        def on_abort(sig: AbortSignal) -> None:
-            self.token.stop(reason_from_signal(sig.reason), signal_reason=sig.reason, at=sig.aborted_at)
-
-        signal.add_listener(on_abort)
-        self._unbinds.append(lambda: signal.remove_listener(on_abort))
-        if signal.aborted:
-            on_abort(signal)
+        # every source of its blocks, and their latches (set by a block's own source, cancel(id)):
+        # one that already stopped stops it here, and nothing is sent
+        self._unbinds.append(binding.watch(lambda reason, why, at: self.token.stop(reason, signal_reason=why, at=at)))
 
     def release(self) -> None:
         """The request is over: its sources no longer reach it (idempotent)."""
         unbinds, self._unbinds = self._unbinds, []
         for unbind in unbinds:
             unbind()
-        ids, self._ids = self._ids, ()
-        with _by_id_lock:
-            for request_id in ids:
-                tokens = _by_id.get(request_id)
-                if tokens is not None:
-                    tokens.discard(self.token)
-                    if not tokens:
-                        del _by_id[request_id]
 
     # -- the request -------------------------------------------------------------------------
 
@@ -170,10 +150,29 @@ class Exchange:
         NDJSON on either of its routes), only when a stop wants its text."""
         wire: Wire | None = None
         if content_type.startswith("text/event-stream"):
-            wire = next((w for w in WIRES.values() if path.endswith(w.path)), None)
+            wire = _wire_at(path)
         elif content_type.startswith(("application/x-ndjson", "application/jsonl")):
             wire = OLLAMA
         self._decoder = None if wire is None else wire.decoder()
+
+    def carried(self, request: httpx.Request) -> httpx.Request:
+        """The request as it is sent: a plain call in a dialect that can carry it (``Wire.carry``)
+        rides the dialect's stream, folded back into the plain body by :meth:`whole` — so a stop
+        ends it at the server's next token and keeps its text. Any other request as it is."""
+        wire = _wire_at(request.url.path) if request.method == "POST" else None
+        if wire is None or wire.carry is None:
+            return request
+        try:
+            body = json.loads(request.content)
+        except ValueError:
+            return request
+        streamed = wire.carry.streamed(body) if isinstance(body, dict) else None
+        if streamed is None:
+            return request
+        self._fold = wire.carry.fold()
+        headers = [(k, v) for k, v in request.headers.raw if k.lower() != b"content-length"]
+        content = json.dumps(streamed, ensure_ascii=False).encode()
+        return httpx.Request("POST", request.url, headers=headers, content=content, extensions=request.extensions)
 
     async def body(self, response: httpx.Response) -> AsyncIterator[bytes]:
         """The response's raw body, piece by piece; a stop raises :meth:`stop_error`."""
@@ -192,14 +191,45 @@ class Exchange:
         if self.token.is_set and self.token.stopped_by_caller:
             raise self.stop_error()  # the sever's EOF ended a body that runs to the close
 
-    async def whole(self, response: httpx.Response) -> bytes | None:
-        """The body, read now and its connection let go, when it is a small one of known length
-        that is not a stream (a non-streamed answer): a sync caller then needs no more trips to
-        the loop. None for any other body, left to :meth:`body`."""
+    async def whole(self, response: httpx.Response) -> tuple[httpx.Response, bytes] | None:
+        """The answer's head and body, read now and its connection let go, for a plain call: a
+        small body of known length that is not a stream, or a carried call's stream folded back
+        (:meth:`carried`). A sync caller then needs no more trips to the loop. None for any other
+        body, left to :meth:`body`."""
+        if self._fold is not None:
+            return await self._folded(response)
         length = response.headers.get("content-length", "")
         if self._decoder is not None or not length.isdigit() or int(length) > _WHOLE_BYTES:
             return None
-        return b"".join([piece async for piece in self.body(response)])  # its end lets the connection go
+        return response, b"".join([piece async for piece in self.body(response)])  # its end lets the connection go
+
+    async def _folded(self, response: httpx.Response) -> tuple[httpx.Response, bytes]:
+        fold = self._fold
+        assert fold is not None
+        try:
+            body = b"".join([piece async for piece in self.body(response)])
+        except BaseException:  # a cancelled task, a failure mid-answer: the server is told now
+            self.guard.sever()
+            with anyio.CancelScope(shield=True):
+                await response.aclose()
+            raise
+        if response.status_code != 200 or self._decoder is None:  # an error answered plainly: as it is
+            return response, body
+        events = SSEDecoder()
+        for event in [*events.feed(body), *events.close()]:
+            try:
+                fold.add(event.event, event.data if event.data == "[DONE]" else json.loads(event.data))
+            except ValueError:
+                raise httpx.RemoteProtocolError(
+                    f"a carried stream sent a frame that is not JSON: {event.data[:80]!r}"
+                ) from None
+        if not fold.complete:
+            raise httpx.RemoteProtocolError("the server ended a carried stream before its end")
+        status, answer = fold.result()
+        folded = json.dumps(answer, ensure_ascii=False).encode()
+        headers = [(k, v) for k, v in response.headers.raw if k.lower() not in _BODY_HEADERS]
+        headers += [(b"content-type", b"application/json"), (b"content-length", str(len(folded)).encode())]
+        return httpx.Response(status, headers=headers, extensions=response.extensions), folded
 
     # -- what a stop hands the caller ---------------------------------------------------------
 

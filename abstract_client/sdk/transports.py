@@ -115,24 +115,39 @@ def _settings(
 
 
 def transport(
-    *, flavor: str = "httpx2", proxy: Any = None, verify: Any = True, cert: Any = None, trust_env: bool = True
+    *,
+    flavor: str = "httpx2",
+    proxy: Any = None,
+    verify: Any = True,
+    cert: Any = None,
+    trust_env: bool = True,
+    carry_plain_calls: bool = True,
 ) -> Any:
-    """A sync transport (``flavor.BaseTransport``) whose requests a ``stop_on`` block stops."""
+    """A sync transport (``flavor.BaseTransport``) whose requests a ``stop_on`` block stops.
+    ``carry_plain_calls``: a non-streamed call in a dialect that can carry it (chat completions,
+    Messages) rides its stream and is folded back into the plain body (a stop ends it at the
+    server's next token, with its text); False sends it as it is."""
     module = flavor_module(flavor)
     connections = _Connections(_settings(proxy, verify, cert, trust_env))
     connections.check()
-    return _sync_class(module)(module, connections)
+    return _sync_class(module)(module, connections, carry_plain_calls)
 
 
 def async_transport(
-    *, flavor: str = "httpx2", proxy: Any = None, verify: Any = True, cert: Any = None, trust_env: bool = True
+    *,
+    flavor: str = "httpx2",
+    proxy: Any = None,
+    verify: Any = True,
+    cert: Any = None,
+    trust_env: bool = True,
+    carry_plain_calls: bool = True,
 ) -> Any:
     """An async transport (``flavor.AsyncBaseTransport``) whose requests a ``stop_on`` block
-    (or a cancelled task) stops."""
+    (or a cancelled task) stops; ``carry_plain_calls`` as for :func:`transport`."""
     module = flavor_module(flavor)
     connections = _Connections(_settings(proxy, verify, cert, trust_env))
     connections.check()
-    return _async_class(module)(module, connections)
+    return _async_class(module)(module, connections, carry_plain_calls)
 
 
 # -- sync ----------------------------------------------------------------------------------------
@@ -251,16 +266,17 @@ def _sync_class(flavor: ModuleType) -> type:
     class SyncTransport(flavor.BaseTransport):  # type: ignore[name-defined,misc]
         """Sends on the library's own connections; a ``stop_on`` source stops the request."""
 
-        def __init__(self, module: ModuleType, connections: _Connections) -> None:
-            self._connections = connections
+        def __init__(self, module: ModuleType, connections: _Connections, carry: bool) -> None:
+            self._connections, self._carry = connections, carry
 
         def handle_request(self, request: Any) -> Any:
             exchange = Exchange(current_binding())
             try:
                 copy = _copy(request, request.read())
+                sent = exchange.carried(copy) if self._carry else copy
 
-                async def send() -> tuple[httpx.Response, bytes | None]:
-                    response = await exchange.send(self._connections.get(copy.url), copy)
+                async def send() -> tuple[httpx.Response, tuple[httpx.Response, bytes] | None]:
+                    response = await exchange.send(self._connections.get(sent.url), sent)
                     return response, await exchange.whole(response)
 
                 try:
@@ -272,10 +288,8 @@ def _sync_class(flavor: ModuleType) -> type:
                 raise
             if whole is not None:  # read already, its connection back in the pool
                 exchange.release()
-                stream: Any = WholeBody(whole)
-            else:
-                stream = SyncBody(exchange, response, request)
-            return _response(flavor, response, stream)
+                return _response(flavor, whole[0], WholeBody(whole[1]))
+            return _response(flavor, response, SyncBody(exchange, response, request))
 
         def close(self) -> None:
             if _portal.running:
@@ -307,24 +321,36 @@ def _async_class(flavor: ModuleType) -> type:
             await self._pieces.aclose()  # type: ignore[attr-defined]
             await self._response.aclose()
 
+    class AsyncWholeBody(flavor.AsyncByteStream):  # type: ignore[name-defined,misc]
+        def __init__(self, body: bytes) -> None:
+            self._body = body
+
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            yield self._body
+
     class AsyncTransport(flavor.AsyncBaseTransport):  # type: ignore[name-defined,misc]
         """Sends on the library's own connections; a ``stop_on`` source or a cancelled task stops
         the request."""
 
-        def __init__(self, module: ModuleType, connections: _Connections) -> None:
-            self._connections = connections
+        def __init__(self, module: ModuleType, connections: _Connections, carry: bool) -> None:
+            self._connections, self._carry = connections, carry
 
         async def handle_async_request(self, request: Any) -> Any:
             exchange = Exchange(current_binding())
             try:
                 copy = _copy(request, await request.aread())
+                sent = exchange.carried(copy) if self._carry else copy
                 try:
-                    response = await exchange.send(self._connections.get(copy.url), copy)
+                    response = await exchange.send(self._connections.get(sent.url), sent)
+                    whole = await exchange.whole(response) if sent is not copy else None
                 except Exception as exc:
                     _reraise(flavor, exc, request, exchange)
             except BaseException:
                 exchange.release()
                 raise
+            if whole is not None:  # a carried plain call, folded back: read already
+                exchange.release()
+                return _response(flavor, whole[0], AsyncWholeBody(whole[1]))
             return _response(flavor, response, AsyncBody(exchange, response, request))
 
         async def aclose(self) -> None:

@@ -21,6 +21,7 @@ from ..http.chunk_decoder import SSEChunks
 from ..http.wire import load_frame
 from ..provider import Completion, EmbeddingBatch
 from ..types import GenerationRequest, Message, ResponseFormat, StreamChunk, ToolCall, ToolCallDelta, Usage
+from .folds import CHAT_CARRY
 from .timings import timings_from, usage_of_timings
 from .wire import Wire, register
 
@@ -278,4 +279,4 @@ def wire_messages(messages: list[Message]) -> list[Any]:
     return out
 
 
-CHAT = register(Wire("chat", "/chat/completions", chat_body, ChatChunks, completion_from))
+CHAT = register(Wire("chat", "/chat/completions", chat_body, ChatChunks, completion_from, carry=CHAT_CARRY))

@@ -34,6 +34,7 @@ from ..http.wire import load_frame
 from ..images import base64_payload
 from ..provider import Completion
 from ..types import GenerationRequest, Message, StreamChunk, ToolCall, ToolCallDelta, Usage
+from .folds import MESSAGES_CARRY
 from .wire import V1, Wire, register
 
 __all__ = [
@@ -393,5 +394,6 @@ MESSAGES = register(
         completion_from_message,
         V1 | {"anthropic"},
         count_tokens=count_tokens_body,
+        carry=MESSAGES_CARRY,
     )
 )

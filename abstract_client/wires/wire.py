@@ -19,6 +19,7 @@ from typing import Any
 from ..http.chunk_decoder import ChunkDecoder
 from ..provider import Completion
 from ..types import GenerationRequest
+from .folds import Carry
 
 __all__ = ["V1", "WIRES", "Wire", "register"]
 
@@ -43,6 +44,9 @@ class Wire:
     # the body of ``{path}/count_tokens``, where the dialect counts a request's input tokens
     # (answered ``{"input_tokens": n}``)
     count_tokens: Callable[[GenerationRequest], dict[str, Any]] | None = None
+    # how a plain call rides the dialect's stream and is folded back into its plain body
+    # (``folds.py``), for the SDKs' transports: a stop then ends it at the next token
+    carry: Carry | None = None
 
     def path_for(self, request: GenerationRequest) -> str:
         return self.path if self.route is None else self.route(request)
