@@ -6,6 +6,7 @@ typed, and the server records no request after it (its own record: each request'
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -207,7 +208,8 @@ async def test_an_async_block_stopped_mid_answer_raises_the_requests_error(
 
 # -- openai-python before 3.14.1 -----------------------------------------------------------------
 
-OPENAI_2 = "openai>=2.50,<3"
+# openai-python 2.x in front, and the frameworks that pin it (tests/test_sdk_frameworks_openai2.py)
+OPENAI_2 = ("openai>=2.50,<3", "llama-index-llms-openai-like>=0.8,<1", "instructor>=1.17,<2")
 OLD_OPENAI_SCRIPT = textwrap.dedent(
     """
     import json, threading, time
@@ -246,13 +248,15 @@ OLD_OPENAI_SCRIPT = textwrap.dedent(
 
 def old_openai_python() -> Path:
     """A venv over this interpreter's packages with openai-python 2.x in front (what LlamaIndex
-    pins), made once under the cache; a failure to make it fails the test with pip's words."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "abstract-client" / "openai-2"
+    pins) and the frameworks on it, made once under the cache; a failure to make it fails the
+    test with pip's words."""
+    spec = hashlib.sha256(" ".join(OPENAI_2).encode()).hexdigest()[:10]
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "abstract-client" / f"openai-2-{spec}"
     python = cache / "bin" / "python"
     if not (cache / ".complete").exists():
         subprocess.run([sys.executable, "-m", "venv", "--clear", "--system-site-packages", str(cache)], check=True)
         done = subprocess.run(
-            [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", OPENAI_2],
+            [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *OPENAI_2],
             capture_output=True,
             text=True,
         )
@@ -262,16 +266,22 @@ def old_openai_python() -> Path:
     return python
 
 
+def run_in_old_openai_python(script: str, stdin: str = "") -> dict[str, Any]:
+    """``script`` (which prints one JSON line last) in that venv, this tree first on its path."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(
+        [str(old_openai_python()), "-c", script], input=stdin, capture_output=True, text=True, timeout=300, env=env
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
 @pytest.mark.timeout(600)
 def test_openai_python_2_gets_the_typed_stop_never_retried() -> None:
     """openai-python 2.x catches any exception from its transport, wraps it in
     ``APIConnectionError`` and retries it with backoff, but lets an ``OpenAIError`` through: the
     stop derives from it too, so the caller gets it at once, unwrapped, with one request."""
-    python = old_openai_python()
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-    done = subprocess.run([str(python), "-c", OLD_OPENAI_SCRIPT], capture_output=True, text=True, timeout=120, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+    out = run_in_old_openai_python(OLD_OPENAI_SCRIPT)
     assert out["version"].startswith("2."), out
     assert out["typed"] and not out["wrapped"] and out["reason"] == "user", out
     assert out["released"] - out["pressed"] < RELEASED, out

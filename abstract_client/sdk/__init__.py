@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .binding import stop_on
+from .blocks import stop_on
 from .exchange import cancel, stop_error_class
 from .transports import async_transport, flavor_module, transport
 

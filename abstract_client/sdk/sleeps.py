@@ -2,7 +2,8 @@
 
 openai-python and the anthropic SDK sleep between retries (a 429 or 503's ``Retry-After``, up to
 60 s; their backoff after a refused connection) with ``time.sleep`` or ``anyio.sleep``, where no
-transport can see. Their client modules are therefore given a ``time`` and an ``anyio`` whose
+transport can see; so does tenacity, the retry layer of LangChain's ``with_retry``, LlamaIndex
+and instructor. Those modules are therefore given a ``time`` and an ``anyio`` whose
 ``sleep`` is this module's (every other name is the real module's): outside a ``stop_on`` block
 it IS the real sleep; inside one it sleeps the same time, and a source that stops meanwhile ends
 it at once — the SDK then sends its retry, which the block refuses before a byte is sent, with the
@@ -26,8 +27,9 @@ from .binding import current_binding
 
 __all__ = ["MODULES", "install"]
 
-# The modules whose retry loop sleeps: both SDKs' generated base client
-MODULES = ("openai._base_client", "anthropic._base_client")
+# The modules whose retry loop sleeps: both SDKs' generated base client, and tenacity's sleep
+# (LangChain's with_retry, LlamaIndex's and instructor's retries)
+MODULES = ("openai._base_client", "anthropic._base_client", "tenacity.nap")
 
 
 def sleep(seconds: float) -> None:
