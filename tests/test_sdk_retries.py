@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import site
 import subprocess
 import sys
 import textwrap
@@ -247,14 +248,26 @@ OLD_OPENAI_SCRIPT = textwrap.dedent(
 
 
 def old_openai_python() -> Path:
-    """A venv over this interpreter's packages with openai-python 2.x in front (what LlamaIndex
-    pins) and the frameworks on it, made once under the cache; a failure to make it fails the
-    test with pip's words."""
+    """A venv with openai-python 2.x (what LlamaIndex pins) and the frameworks on it, in front of
+    this interpreter's packages (a ``.pth`` names them), made once per Python version under the
+    cache; a failure to make it fails the test with pip's words."""
     spec = hashlib.sha256(" ".join(OPENAI_2).encode()).hexdigest()[:10]
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "abstract-client" / f"openai-2-{spec}"
+    version = f"py{sys.version_info.major}.{sys.version_info.minor}"
+    cache = (
+        Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+        / "abstract-client"
+        / f"openai-2-{version}-{spec}"
+    )
     python = cache / "bin" / "python"
     if not (cache / ".complete").exists():
-        subprocess.run([sys.executable, "-m", "venv", "--clear", "--system-site-packages", str(cache)], check=True)
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(cache)], check=True)
+        purelib = subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        (Path(purelib) / "parent-environment.pth").write_text("\n".join(site.getsitepackages()) + "\n")
         done = subprocess.run(
             [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *OPENAI_2],
             capture_output=True,
