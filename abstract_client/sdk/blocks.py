@@ -31,12 +31,13 @@ def stop_on(*sources: threading.Event | AbortSignal | float | str) -> StopOn:
     says so: a ``threading.Event`` set, an :class:`~abstract_client.AbortSignal` aborted, a number
     of seconds from now passed (a deadline: ``reason="timeout"``), or ``cancel(request_id)``
     called with the string given here. Blocks nest: an inner block adds its sources, request ids
-    included (``cancel`` of the outer id stops a request sent in the inner block). Once a request
-    in the block was stopped, every later request in it is stopped before it is sent.
+    included (``cancel`` of the outer id stops a request sent in the inner block). Once one of
+    the block's sources has fired, every later request in it is stopped before it is sent.
 
-    ``with stop_on(...)`` stops the block's requests (and an openai or anthropic SDK's retry
-    sleep); ``async with stop_on(...)`` also ends the block's work where it stands — a tool an
-    agent runs, a framework's own sleep — by a cancel scope, and raises the typed error."""
+    ``with stop_on(...)`` stops the block's requests (and the retry sleeps of openai-python, the
+    anthropic SDK and tenacity); ``async with stop_on(...)`` also ends the block's work where it
+    stands — a tool an agent runs, a framework's own sleep — by a cancel scope, and raises the
+    typed error."""
     events: list[threading.Event] = []
     signals: list[AbortSignal] = []
     own_ids: list[str] = []
