@@ -1,22 +1,73 @@
-"""The frameworks that pin openai-python 2.x — LlamaIndex's ``OpenAILike`` and instructor — given
-the library's client (an ``httpx`` one: ``flavor="httpx"``), in the venv of their own that
-tests/test_sdk_retries.py makes. Each runs at its default retries, on the fake server, in a script
-that reports what its caller saw: released at once, one request, the server saw the disconnect,
-the typed error at the ``stop_on`` block's edge (and what the framework raised inside it).
+"""openai-python 2.x and the frameworks that pin it — LlamaIndex's ``OpenAILike`` and instructor —
+given the library's client (an ``httpx`` one: ``flavor="httpx"``), in a venv of their own made
+here. Each runs at its default retries, on the fake server, in a script that reports what its
+caller saw: released at once, one request, the server saw the disconnect, the typed error at the
+``stop_on`` block's edge (and what the SDK or framework raised inside it).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import site
+import subprocess
+import sys
 import textwrap
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from .test_docs_code import ROOT, blocks_run_elsewhere
-from .test_sdk_retries import run_in_old_openai_python
 
 RELEASED = 2.0  # generous: the release is milliseconds (their retry layers slept 1.2-11.5 s)
+
+# openai-python 2.x in front, and the frameworks that pin it
+OPENAI_2 = ("openai>=2.50,<3", "llama-index-llms-openai-like>=0.8,<1", "instructor>=1.17,<2")
+
+
+def old_openai_python() -> Path:
+    """A venv with openai-python 2.x (what LlamaIndex pins) and the frameworks on it, in front of
+    this interpreter's packages (a ``.pth`` names them), made once per Python version under the
+    cache; a failure to make it fails the test with pip's words."""
+    spec = hashlib.sha256(" ".join(OPENAI_2).encode()).hexdigest()[:10]
+    version = f"py{sys.version_info.major}.{sys.version_info.minor}"
+    cache = (
+        Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+        / "abstract-client"
+        / f"openai-2-{version}-{spec}"
+    )
+    python = cache / "bin" / "python"
+    if not (cache / ".complete").exists():
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(cache)], check=True)
+        purelib = subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        (Path(purelib) / "parent-environment.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+        done = subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *OPENAI_2],
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode:
+            pytest.fail(f"pip could not install {OPENAI_2}: {done.stderr[-2000:]}")
+        (cache / ".complete").touch()
+    return python
+
+
+def run_in_old_openai_python(script: str, stdin: str = "") -> dict[str, Any]:
+    """``script`` (which prints one JSON line last) in that venv, this tree first on its path."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(
+        [str(old_openai_python()), "-c", script], input=stdin, capture_output=True, text=True, timeout=300, env=env
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
 
 HARNESS = textwrap.dedent(
     """
@@ -42,8 +93,10 @@ HARNESS = textwrap.dedent(
             with sdk.stop_on(stop):
                 try:
                     call()
-                except Exception as inner:
+                except Exception as inner:  # what the framework itself raised
                     out["inside"] = type(inner).__module__ + "." + type(inner).__name__
+                    out["inside_typed"] = isinstance(inner, GenerationCancelledError)
+                    out["inside_wrapped"] = isinstance(inner, openai.APIConnectionError)
                     raise
         except Exception as exc:
             out["released"] = time.perf_counter()
@@ -54,6 +107,17 @@ HARNESS = textwrap.dedent(
         out["requests"] = len(server.requests()) - before
         out["disconnected"] = server.last.disconnected_at is not None
         return out
+    """
+)
+
+OPENAI = HARNESS + textwrap.dedent(
+    """
+    out = {"openai": openai.__version__}
+    with FakeOpenAIServer(token_delay=0.01, default_max_tokens=2000) as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="k", http_client=sdk.http_client(flavor="httpx"))
+        ask = lambda: client.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "x"}])
+        out["create"] = stopped(server, ask)
+    print(json.dumps(out))
     """
 )
 
@@ -100,6 +164,17 @@ def assert_stopped_once(row: dict[str, Any]) -> None:
     assert row["typed"] and row["reason"] == "user", row
     assert row["released"] - row["pressed"] < RELEASED, row
     assert row["requests"] == 1 and row["disconnected"], row
+
+
+@pytest.mark.timeout(600)
+def test_openai_python_2_gets_the_typed_stop_never_retried() -> None:
+    """openai-python 2.x catches any exception from its transport, wraps it in
+    ``APIConnectionError`` and retries it with backoff, but lets an ``OpenAIError`` through: the
+    stop derives from it too, so the SDK itself raises it at once, unwrapped, with one request."""
+    out = run_in_old_openai_python(OPENAI)
+    assert out["openai"].startswith("2."), out
+    assert out["create"]["inside_typed"] and not out["create"]["inside_wrapped"], out
+    assert_stopped_once(out["create"])
 
 
 @pytest.mark.timeout(600)

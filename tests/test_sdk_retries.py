@@ -1,22 +1,15 @@
 """abstract_client.sdk where the SDK or the framework waits, not the transport: an SDK's retry
-sleep (a 429's ``Retry-After``, the backoff after a refused connection), an agent's tool, and
-an older openai-python that wraps every foreign error. A stop there releases the caller at once,
-typed, and the server records no request after it (its own record: each request's arrival).
+sleep (a 429's ``Retry-After``, the backoff after a refused connection), an agent's tool, a
+request id outliving its block. A stop there releases the caller at once, typed, and the server
+records no request after it (its own record: each request's arrival). An older openai-python,
+which wraps every foreign error: tests/test_sdk_frameworks_openai2.py.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import site
-import subprocess
-import sys
-import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -205,100 +198,6 @@ async def test_an_async_block_stopped_mid_answer_raises_the_requests_error(
     with block, pytest.raises(RuntimeError, match="entered once"):
         block.__enter__()
     await client.close()
-
-
-# -- openai-python before 3.14.1 -----------------------------------------------------------------
-
-# openai-python 2.x in front, and the frameworks that pin it (tests/test_sdk_frameworks_openai2.py)
-OPENAI_2 = ("openai>=2.50,<3", "llama-index-llms-openai-like>=0.8,<1", "instructor>=1.17,<2")
-OLD_OPENAI_SCRIPT = textwrap.dedent(
-    """
-    import json, threading, time
-    import openai
-    from abstract_client import GenerationCancelledError, sdk
-    from abstract_client.testing import FakeOpenAIServer
-
-    out = {"version": openai.__version__}
-    with FakeOpenAIServer(token_delay=0.01, default_max_tokens=2000) as server:
-        client = openai.OpenAI(base_url=server.base_url, api_key="k", http_client=sdk.http_client(flavor="httpx"))
-        stop = threading.Event()
-
-        def press():
-            while not (server.requests() and server.last.tokens_sent >= 5):
-                time.sleep(0.002)
-            out["pressed"] = time.perf_counter()
-            stop.set()
-
-        threading.Thread(target=press, daemon=True).start()
-        with sdk.stop_on(stop):
-            try:  # what the SDK itself raises (the block's edge would convert a wrapped stop)
-                client.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "x"}])
-            except Exception as exc:
-                out["released"] = time.perf_counter()
-                out["error"] = type(exc).__name__
-                out["typed"] = isinstance(exc, GenerationCancelledError)
-                out["wrapped"] = isinstance(exc, openai.APIConnectionError)
-                out["reason"] = getattr(exc, "reason", None)
-        server.wait_for_disconnect(server.last, 5)
-        out["requests"] = len(server.requests())
-        out["disconnected"] = server.last.disconnected_at is not None
-    print(json.dumps(out))
-    """
-)
-
-
-def old_openai_python() -> Path:
-    """A venv with openai-python 2.x (what LlamaIndex pins) and the frameworks on it, in front of
-    this interpreter's packages (a ``.pth`` names them), made once per Python version under the
-    cache; a failure to make it fails the test with pip's words."""
-    spec = hashlib.sha256(" ".join(OPENAI_2).encode()).hexdigest()[:10]
-    version = f"py{sys.version_info.major}.{sys.version_info.minor}"
-    cache = (
-        Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-        / "abstract-client"
-        / f"openai-2-{version}-{spec}"
-    )
-    python = cache / "bin" / "python"
-    if not (cache / ".complete").exists():
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(cache)], check=True)
-        purelib = subprocess.run(
-            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        (Path(purelib) / "parent-environment.pth").write_text("\n".join(site.getsitepackages()) + "\n")
-        done = subprocess.run(
-            [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *OPENAI_2],
-            capture_output=True,
-            text=True,
-        )
-        if done.returncode:
-            pytest.fail(f"pip could not install {OPENAI_2}: {done.stderr[-2000:]}")
-        (cache / ".complete").touch()
-    return python
-
-
-def run_in_old_openai_python(script: str, stdin: str = "") -> dict[str, Any]:
-    """``script`` (which prints one JSON line last) in that venv, this tree first on its path."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent), "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run(
-        [str(old_openai_python()), "-c", script], input=stdin, capture_output=True, text=True, timeout=300, env=env
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
-
-
-@pytest.mark.timeout(600)
-def test_openai_python_2_gets_the_typed_stop_never_retried() -> None:
-    """openai-python 2.x catches any exception from its transport, wraps it in
-    ``APIConnectionError`` and retries it with backoff, but lets an ``OpenAIError`` through: the
-    stop derives from it too, so the caller gets it at once, unwrapped, with one request."""
-    out = run_in_old_openai_python(OLD_OPENAI_SCRIPT)
-    assert out["version"].startswith("2."), out
-    assert out["typed"] and not out["wrapped"] and out["reason"] == "user", out
-    assert out["released"] - out["pressed"] < RELEASED, out
-    assert out["requests"] == 1 and out["disconnected"], out
 
 
 # -- a request id, whatever the block has become -------------------------------------------------

@@ -70,6 +70,7 @@ class StopOn:
     ) -> None:
         self._own = Binding(events, signals, own_ids)
         self.latch = Latch(own_ids)
+        self._binding = Binding()  # what the block binds, its outer blocks' sources included
         self._reset: contextvars.Token[Binding] | None = None
         self._scope: anyio.CancelScope | None = None
         self._unwatch: Callable[[], None] = lambda: None  # an async block's scope's hooks
@@ -86,8 +87,8 @@ class StopOn:
         request_ids = outer.request_ids + tuple(i for i in own.request_ids if i not in outer.request_ids)
         self.latch.hold()
         latches = (*outer.latches, self.latch)
-        binding = Binding(outer.events + own.events, outer.signals + own.signals, request_ids, latches)
-        self._reset = bind(binding)
+        self._binding = Binding(outer.events + own.events, outer.signals + own.signals, request_ids, latches)
+        self._reset = bind(self._binding)
         # the block remembers its own sources' stop, whether a request is in flight or not
         self._unwatch_own = own.watch(lambda reason, why, at: self.latch.set(reason, why))
         sleeps.install()
@@ -118,7 +119,7 @@ class StopOn:
                 self._stopped = (reason, signal_reason, when or time.perf_counter())
             call_soon(scope.cancel)
 
-        self._unwatch = current_binding().watch(fire)
+        self._unwatch = self._binding.watch(fire)
 
     async def __aexit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: types.TracebackType | None
@@ -140,12 +141,11 @@ class StopOn:
             return error
         assert self._stopped is not None
         reason, signal_reason, when = self._stopped
-        binding = current_binding()
         return GenerationCancelledError(
             "generation cancelled",
             reason=reason,
             signal_reason=signal_reason,
             cancel_to_stop_ms=(time.perf_counter() - when) * 1000,
             partial_text="",
-            request_id=(self._own.request_ids or binding.request_ids or (None,))[-1],
+            request_id=self._binding.request_id,
         )

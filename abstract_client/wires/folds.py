@@ -117,14 +117,17 @@ class ChatFold:
     def result(self) -> tuple[int, dict[str, Any]]:
         if self._error is not None:
             return _error_status(self._error), {"error": self._error}
-        body = {**self._head, "object": "chat.completion"}
-        body["choices"] = choices = [self._choices[i] for i in sorted(self._choices)]
-        for choice in choices:  # a plain answer's calls carry no stream index
-            calls = choice["message"].get("tool_calls")
-            if calls:
-                choice["message"]["tool_calls"] = [{k: v for k, v in c.items() if k != "index"} for c in calls]
-        body["usage"] = self._usage
-        return 200, body
+        choices = [_plain_choice(self._choices[i]) for i in sorted(self._choices)]
+        return 200, {**self._head, "object": "chat.completion", "choices": choices, "usage": self._usage}
+
+
+def _plain_choice(choice: dict[str, Any]) -> dict[str, Any]:
+    """A folded choice as a plain answer has it: its tool calls carry no stream ``index``."""
+    calls = choice["message"].get("tool_calls")
+    if not calls:
+        return choice
+    plain = [{k: v for k, v in call.items() if k != "index"} for call in calls]
+    return {**choice, "message": {**choice["message"], "tool_calls": plain}}
 
 
 def _merge_tool_calls(calls: list[dict[str, Any]], pieces: list[Any]) -> None:
