@@ -144,7 +144,8 @@ def test_cancel_endpoint_and_the_remote_lane(gateway: GatewayProcess, upstream: 
 
     worker = threading.Thread(target=call)
     worker.start()
-    upstream.wait_for_request(1, path=CHAT)
+    record = upstream.wait_for_request(1, path=CHAT)
+    assert wait_until(lambda: record.tokens_sent >= 3, 10)  # (tok0 sent 40 ms before: the gateway has it)
     assert httpx.post(gateway.url + "/v1/requests/job-42/cancel").json() == {"id": "job-42", "cancelled": True}
     worker.join(10)
     response = outcome["r"]

@@ -9,16 +9,18 @@ many requests it saw (each SDK left at its default ``max_retries``: a stop is ne
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import anthropic
 import anyio
+import httpx
 import httpx2
 import ollama
 import openai
@@ -26,6 +28,7 @@ import pytest
 from langchain_openai import ChatOpenAI
 
 from abstract_client import AbortController, AbortSignal, GenerationCancelledError, sdk
+from abstract_client.sdk.exchange import Exchange
 from abstract_client.stopping.event_hook import listeners_on
 from abstract_client.testing import FakeOllamaServer, FakeOpenAIServer
 
@@ -59,6 +62,33 @@ def after_tokens(server: Any, n: int) -> Any:
     return lambda: sent(server) > before and server.last.tokens_sent >= n
 
 
+_read: list[bytearray] = []  # what each exchange's caller side has read of its body, newest last
+
+
+@pytest.fixture(autouse=True)
+def client_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Record the body bytes the library has read for each request (the server's count of what it
+    sent is no proof that the caller's side read it yet: a loaded machine lags behind)."""
+    original = Exchange.body
+
+    async def body(self: Exchange, response: httpx.Response) -> AsyncIterator[bytes]:
+        read = bytearray()
+        _read.append(read)
+        async with contextlib.aclosing(original(self, response)) as pieces:
+            async for piece in pieces:
+                read += piece
+                yield piece
+
+    monkeypatch.setattr(Exchange, "body", body)
+
+
+def after_read(server: Any, n: int) -> Any:
+    """Ready once the library has read ``n`` tokens of the next request's streamed answer: a stop
+    then keeps at least their text, however the race between the server and the reader falls."""
+    before, token = len(_read), f"tok{n - 1} ".encode()
+    return lambda: len(_read) > before and token in _read[-1]
+
+
 def assert_stopped_server_side(server: Any, pressed_at: float) -> None:
     """The server saw the connection go, and decoded at most a few tokens after the Stop."""
     record = server.last
@@ -77,7 +107,7 @@ def openai_client(server: FakeOpenAIServer) -> openai.OpenAI:
 def test_an_openai_call_not_streamed_stops_from_another_thread(server: FakeOpenAIServer) -> None:
     client = openai_client(server)
     stop = threading.Event()
-    press = press_when(after_tokens(server, 5), stop.set)
+    press = press_when(after_read(server, 5), stop.set)
     with pytest.raises(GenerationCancelledError) as info, sdk.stop_on(stop):
         client.chat.completions.create(model="fake-model", messages=CHAT)  # type: ignore[arg-type]
     released = time.perf_counter() - press.wait()
@@ -227,7 +257,7 @@ class _FrameworkError(Exception):
 def test_a_wrapped_stop_is_the_typed_error_at_the_blocks_edge(server: FakeOpenAIServer) -> None:
     client = openai_client(server)
     stop = threading.Event()
-    press = press_when(after_tokens(server, 5), stop.set)
+    press = press_when(after_read(server, 5), stop.set)
     with pytest.raises(GenerationCancelledError) as info, sdk.stop_on(stop):
         try:
             for _ in client.chat.completions.create(model="fake-model", messages=CHAT, stream=True):  # type: ignore[arg-type,call-overload]

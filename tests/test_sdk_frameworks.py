@@ -26,7 +26,7 @@ from abstract_client import GenerationCancelledError, sdk
 from abstract_client.testing import FakeOpenAIServer
 
 from .helpers import press_when
-from .test_sdk import after_tokens, assert_stopped_server_side, sent
+from .test_sdk import after_read, after_tokens, assert_stopped_server_side, client_reads, sent  # noqa: F401 (autouse: what after_read counts)
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # LiteLLM fetches a price list at import
 
@@ -41,9 +41,11 @@ def server() -> Iterator[FakeOpenAIServer]:
         yield s
 
 
-def stopped_by_a_press(server: FakeOpenAIServer) -> tuple[threading.Event, Any]:
+def stopped_by_a_press(server: FakeOpenAIServer, *, read: bool = False) -> tuple[threading.Event, Any]:
+    """A stop pressed once the server sent 5 tokens (``read``: once the caller's side read them,
+    for a test that counts on their text being kept)."""
     stop = threading.Event()
-    return stop, press_when(after_tokens(server, 5), stop.set)
+    return stop, press_when((after_read if read else after_tokens)(server, 5), stop.set)
 
 
 # -- pydantic-ai -------------------------------------------------------------------------------
@@ -60,7 +62,7 @@ def pydantic_ai_agent(server: FakeOpenAIServer, **agent: Any) -> Any:
 
 def test_pydantic_ai_run_sync_and_run_stream_stop_at_the_server(server: FakeOpenAIServer) -> None:
     agent = pydantic_ai_agent(server)
-    stop, press = stopped_by_a_press(server)
+    stop, press = stopped_by_a_press(server, read=True)
     with pytest.raises(GenerationCancelledError) as info, sdk.stop_on(stop):
         agent.run_sync("Tell me a long story")
     assert time.perf_counter() - press.wait() < RELEASED
@@ -69,7 +71,7 @@ def test_pydantic_ai_run_sync_and_run_stream_stop_at_the_server(server: FakeOpen
     assert sent(server) == 1
 
     async def streamed() -> None:
-        stop, press = stopped_by_a_press(server)
+        stop, press = stopped_by_a_press(server, read=True)
         with pytest.raises(GenerationCancelledError) as info:
             async with sdk.stop_on(stop), agent.run_stream("Tell me a long story") as result:
                 async for _ in result.stream_text(delta=True):
@@ -191,14 +193,14 @@ def chat_anthropic(server: FakeOpenAIServer) -> Any:
 
 def test_langchain_chat_anthropic_invoke_and_astream_stop_at_the_server(server: FakeOpenAIServer) -> None:
     chat = chat_anthropic(server)
-    stop, press = stopped_by_a_press(server)
+    stop, press = stopped_by_a_press(server, read=True)
     with pytest.raises(GenerationCancelledError) as info, sdk.stop_on(stop):
         chat.invoke("Tell me a long story")
     assert time.perf_counter() - press.wait() < RELEASED and info.value.partial_text
     assert_stopped_server_side(server, press.wait())
 
     async def streamed() -> None:
-        stop, press = stopped_by_a_press(server)
+        stop, press = stopped_by_a_press(server, read=True)
         with pytest.raises(GenerationCancelledError) as info:
             async with sdk.stop_on(stop):
                 async for _ in chat.astream("Tell me a long story"):

@@ -71,19 +71,36 @@ def run_in_old_openai_python(script: str, stdin: str = "") -> dict[str, Any]:
 
 HARNESS = textwrap.dedent(
     """
-    import json, threading, time
+    import contextlib, json, threading, time
     import openai
     from abstract_client import GenerationCancelledError, sdk
+    from abstract_client.sdk.exchange import Exchange
     from abstract_client.testing import FakeOpenAIServer
 
-    def stopped(server, call, streamed=False):
-        '''call() inside stop_on, the stop pressed once the server sent 5 tokens.'''
+    reads = []  # the body bytes the library read for each request, newest last
+    body = Exchange.body
+
+    async def recorded(self, response):
+        read = bytearray()
+        reads.append(read)
+        async with contextlib.aclosing(body(self, response)) as pieces:
+            async for piece in pieces:
+                read += piece
+                yield piece
+
+    Exchange.body = recorded
+
+    def stopped(server, call, read=False):
+        '''call() inside stop_on, the stop pressed once the server sent 5 tokens (read: once the
+        library read them, for a row that counts on their text being kept).'''
         out = {}
         stop = threading.Event()
-        before = len(server.requests())
+        before, seen = len(server.requests()), len(reads)
 
         def press():
             while not (len(server.requests()) > before and server.last.tokens_sent >= 5):
+                time.sleep(0.002)
+            while read and not (len(reads) > seen and b"tok4 " in reads[-1]):
                 time.sleep(0.002)
             out["pressed"] = time.perf_counter()
             stop.set()
@@ -132,8 +149,8 @@ LLAMA_INDEX = HARNESS + textwrap.dedent(
             model="fake-model", api_base=server.base_url, api_key="k", is_chat_model=True,
             http_client=sdk.http_client(flavor="httpx"),
         )
-        out["complete"] = stopped(server, lambda: llm.complete("Tell me a long story"))
-        out["stream"] = stopped(server, lambda: [None for _ in llm.stream_complete("Tell me a long story")])
+        out["complete"] = stopped(server, lambda: llm.complete("Tell me a long story"), read=True)
+        out["stream"] = stopped(server, lambda: [None for _ in llm.stream_complete("Tell me a long story")], read=True)
     print(json.dumps(out))
     """
 )

@@ -6,6 +6,7 @@ evidence (its ``cancel task`` line, the slot idle, the decoded count frozen)."""
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
 
@@ -19,10 +20,12 @@ from abstract_client.testing.processes import LlamaServer
 
 from .helpers import press_when
 from .test_llamacpp_real import assert_server_stopped, llama  # noqa: F401  (its server and its evidence)
+from .test_sdk import _read, client_reads  # noqa: F401  (autouse: what the library read of each answer)
 
 pytestmark = pytest.mark.llamacpp
 
 STORY = [{"role": "user", "content": "Write a very long story about a dragon."}]
+CONTENT = re.compile(rb'"content":"[^"]')  # a chunk with some text
 GOING = {"ignore_eos": True}  # llama-server keeps decoding to max_tokens: a stop decides the end
 
 
@@ -35,7 +38,8 @@ def test_openai_not_streamed_and_streamed_stop_in_llama_server(llama: LlamaServe
     client = openai.OpenAI(base_url=f"{llama.url}/v1", api_key="k", http_client=sdk.http_client())
     before = len(llama.cancelled_tasks())
     stop = threading.Event()
-    press = press_when(lambda: decoding(llama), stop.set)
+    seen = len(_read)  # pressed once the library read some of the answer's text: a stop keeps it
+    press = press_when(lambda: len(_read) > seen and CONTENT.search(_read[-1]) is not None, stop.set)
     with pytest.raises(GenerationCancelledError) as info, sdk.stop_on(stop):
         client.chat.completions.create(model="smollm2", messages=STORY, max_tokens=2000, extra_body=GOING)  # type: ignore[arg-type]
     assert time.perf_counter() - press.wait() < 5.0  # generous: the raise follows the press at once
