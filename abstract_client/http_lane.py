@@ -20,6 +20,7 @@ from .errors import ProviderProtocolError
 from .http.clients import HttpClients
 from .http.network import CertTypes, NetworkSettings, VerifyTypes
 from .http.wire import json_body, poll_until_ready, read_chunks
+from .images import url_refused
 from .provider import CallContext, Completion, HttpProvider, ModelInfo
 from .types import GenerationRequest, StreamChunk
 from .wires.wire import WIRES, Wire
@@ -65,7 +66,7 @@ class HttpLane(HttpProvider):
         self,
         *,
         model: str | None = None,
-        wire: str | None = None,
+        wire: str | Wire | None = None,
         base_url: str | None = None,
         api_key: str | None = None,
         connect_timeout: float | None = 10.0,
@@ -83,6 +84,7 @@ class HttpLane(HttpProvider):
                 f"create_llm({self.name!r}): wire= is not taken (the lane speaks {served[0].name!r}), not {wire!r}"
             )
         self.wire = self.served_wire(wire or self.default_wire)
+        self.wire_chosen = wire is not None  # the caller named it (not the lane's default)
         all_headers = {**(headers or {}), **(self.auth_headers(api_key) if api_key else {})}
         network = NetworkSettings(proxy=proxy, trust_env=trust_env, verify=verify, cert=cert)
         super().__init__(
@@ -110,7 +112,14 @@ class HttpLane(HttpProvider):
     def wires_served(cls) -> list[Wire]:
         return [w for w in WIRES.values() if w.families & cls.families]
 
-    def served_wire(self, name: str) -> Wire:
+    def served_wire(self, name: str | Wire) -> Wire:
+        """The wire named (a registered one), or a :class:`Wire` given as it is (one a caller
+        or a test wrote, no registry touched) if the lane's server serves its family."""
+        if isinstance(name, Wire):
+            if name.families & self.families:
+                return name
+            families = ", ".join(sorted(self.families))
+            raise ValueError(f"the {name.name!r} wire is not one {self.name} serves (its servers: {families})")
         for wire in self.wires_served():
             if wire.name == name:
                 return wire
@@ -125,6 +134,10 @@ class HttpLane(HttpProvider):
     def wire_for(self, request: GenerationRequest) -> Wire:
         """The wire one call goes on: the lane's, unless the server has another route for it."""
         return self.wire
+
+    async def images_refused(self, request: GenerationRequest) -> str | None:
+        """A wire that takes images as data only refuses an image URL (``Wire.image_urls``)."""
+        return None if self.wire_for(request).image_urls else url_refused(request.messages, self.name)
 
     def route(self, wire: Wire, request: GenerationRequest) -> str:
         return (self.v1 if "v1" in wire.families else "") + wire.path_for(request)

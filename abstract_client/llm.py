@@ -81,7 +81,7 @@ class GenerateOptions(TypedDict, total=False):
         reasoning: the model's thinking switch or level (``True``/``False``, ``"low"``,
             ``"medium"``, ``"high"``), where the lane has one.
         raw: send ``prompt`` as plain text, without the chat template.
-        plain_wire: for a non-streaming call, use the server's plain route instead of the
+        plain_route: for a non-streaming call, use the server's plain route instead of the
             streaming wire (the server then notices a stop only at its next connection poll).
         model: another model than the LLM's, for this call.
         top_p, top_k, min_p, logit_bias, repetition_penalty, presence_penalty,
@@ -119,7 +119,7 @@ class GenerateOptions(TypedDict, total=False):
     raw: bool
     resumable: bool
     resume_timeout: float
-    plain_wire: bool
+    plain_route: bool
     model: str | None
     top_p: float | None
     top_k: int | None
@@ -136,7 +136,10 @@ class GenerateOptions(TypedDict, total=False):
 
 OPTION_NAMES = frozenset(GenerateOptions.__annotations__)
 # what a keyword-only option defaults to in the methods' signatures (None when not listed)
-_DEFAULTS: dict[str, Any] = {"raw": False, "resumable": False, "resume_timeout": 30.0, "plain_wire": False}
+_DEFAULTS: dict[str, Any] = {"raw": False, "resumable": False, "resume_timeout": 30.0, "plain_route": False}
+
+
+_RENAMED = {"plain_wire": "plain_route"}  # an option's old name: its error names the new one
 
 
 def _unknown_keywords(method: str, given: Any, provider: Provider) -> TypeError | None:
@@ -149,6 +152,8 @@ def _unknown_keywords(method: str, given: Any, provider: Provider) -> TypeError 
     known = sorted(OPTION_NAMES | set(provider.call_options))
     close = difflib.get_close_matches(name, known, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
+    if name in _RENAMED:
+        hint = f" (it is {_RENAMED[name]}= now)"
     lane = (
         f"the {provider.name} lane also takes {', '.join(f'{k}=' for k in sorted(provider.call_options))}"
         if provider.call_options
@@ -302,7 +307,7 @@ class LLM:
             model=extra.pop("model", None) or self.provider.model,
             prompt=prompt,
             raw=bool(extra.pop("raw", False)),
-            plain_wire=bool(extra.pop("plain_wire", False)),
+            plain_route=bool(extra.pop("plain_route", False)),
             max_tokens=extra.pop("max_tokens", None),
             temperature=extra.pop("temperature", None),
             seed=extra.pop("seed", None),
@@ -339,14 +344,11 @@ class LLM:
             raise TypeError(f"resumable must be true or false, not {type(resumable).__name__}")
         if isinstance(resume_timeout, bool) or not isinstance(resume_timeout, (int, float)) or not resume_timeout > 0:
             raise ValueError(f"resume_timeout must be a number of seconds > 0, not {resume_timeout!r}")
-        if resumable and not self.provider.resumes():
-            raise NotSupportedError(
-                f"the {self.provider.name} lane has no resumable streams (llamacpp and vllm have; "
-                "an openai-compatible server with create_llm(..., wire='responses') may)",
-                provider=self.provider.name,
-            )
-        if resumable and extra.get("plain_wire"):
-            raise ValueError("a resumable call is a stream: plain_wire=True cannot be resumed")
+        refused = self.provider.resumable_refused() if resumable else None
+        if refused is not None:
+            raise NotSupportedError(refused, provider=self.provider.name)
+        if resumable and extra.get("plain_route"):
+            raise ValueError("a resumable call is a stream: plain_route=True cannot be resumed")
         return resumable, float(resume_timeout)
 
     # -- generation ---------------------------------------------------------------------------

@@ -136,11 +136,6 @@ class CallContext:
         if self.on_chunk is not None:
             self.on_chunk(chunk)
 
-    def http(self) -> httpx.AsyncClient:
-        """The private ``httpx.AsyncClient`` on the current event loop, for a request that
-        ``stream``/``request`` do not cover (its connections are severed by the stop too)."""
-        return self._clients().get()
-
     def _timeout(self) -> dict[str, float | None]:
         # Only connect is enforced by the transport; first-token/idle/total are the contract's deadlines.
         return {"connect": self.connect_timeout, "read": None, "write": None, "pool": None}
@@ -205,14 +200,14 @@ class Provider(abc.ABC):
     name: ClassVar[str]
     # True: a non-streaming call is carried over the streaming wire and assembled by the contract
     # (the server then sees a stop at its next token write, instead of at its next connection
-    # poll); ``generate(..., plain_wire=True)`` opts out per call.
+    # poll); ``generate(..., plain_route=True)`` opts out per call.
     complete_over_stream: ClassVar[bool] = False
     # False: the backend has no plain route (an in-process engine): every non-streaming call is
-    # assembled from the stream, ``plain_wire=True`` included.
+    # assembled from the stream, ``plain_route=True`` included.
     plain_route: ClassVar[bool] = True
     # True: the lane's stream outlives a dropped connection and is read on from where it dropped
     # (``resumable=True``; a stop calls the server's own cancel route as well). A lane whose
-    # resumability depends on its wire says so in :meth:`resumes`.
+    # resumability depends on its wire says so in :meth:`resumable_refused`.
     resumable_streams: ClassVar[bool] = False
     default_embed_batch_size: int = 32  # inputs per embeddings request (client-side batching)
     # The per-call keywords this lane takes beyond ``GenerateOptions`` (name -> what it does).
@@ -239,9 +234,15 @@ class Provider(abc.ABC):
         called when ``plain_route`` is True."""
         raise NotSupportedError(f"{self.name} has no plain (non-streaming) route", provider=self.name)
 
-    def resumes(self) -> bool:
-        """Whether ``resumable=True`` calls are served (see ``resumable_streams``)."""
-        return self.resumable_streams
+    def resumable_refused(self) -> str | None:
+        """Why ``resumable=True`` calls are refused on this lane (checked before anything is
+        sent), or None when they are served (see ``resumable_streams``)."""
+        if self.resumable_streams:
+            return None
+        return (
+            f"the {self.name} lane has no resumable streams (llamacpp and vllm have; "
+            "an openai-compatible server with create_llm(..., wire='responses') may)"
+        )
 
     def on_cancel(self, request_id: str) -> None:  # noqa: B027 - a hook: nothing to do by default
         """Called by ``LLM.cancel(request_id)`` after the call's own stop ran (its socket is

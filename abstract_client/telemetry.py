@@ -53,7 +53,7 @@ class TracedCall(Protocol):
     t0: float
     token: StopToken
     progress: Any
-    wire_request: GenerationRequest
+    sent_request: GenerationRequest
 
     @property
     def provider(self) -> Provider: ...
@@ -175,7 +175,7 @@ def start(call: TracedCall) -> None:
     tracer = _tracer()
     if tracer is None:
         return
-    request = call.wire_request
+    request = call.sent_request
     model = request.model or call.provider.model or "unknown"
     attributes = {**_static(call.provider), "gen_ai.operation.name": call.kind, "gen_ai.request.model": model}
     attributes["abstract_client.request_id"] = call.request_id
@@ -306,7 +306,7 @@ def _record(
     common = {
         "gen_ai.operation.name": call.kind,
         "gen_ai.provider.name": call.provider.name,
-        "gen_ai.request.model": call.wire_request.model or call.provider.model or "unknown",
+        "gen_ai.request.model": call.sent_request.model or call.provider.model or "unknown",
     }
     with_error = {**common, "error.type": error_type} if error_type else common
     instruments["duration"].record(now - call.t0, with_error)

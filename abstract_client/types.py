@@ -219,7 +219,7 @@ class GenerationRequest:
     temperature: float | None = None
     seed: int | None = None
     stop: list[str] | None = None
-    plain_wire: bool = False  # non-streaming over the server's plain route, not the streaming wire
+    plain_route: bool = False  # non-streaming over the server's plain route, not the streaming wire
     tools: list[dict[str, Any]] | None = None  # OpenAI function specs, normalised
     tool_choice: str | dict[str, Any] | None = None
     response_format: ResponseFormat | None = None

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncGenerator
-from typing import Any
+from typing import Any, ClassVar
 
 import anyio
 import httpx
@@ -31,13 +31,15 @@ from abstract_client.http.chunk_decoder import SSEChunks
 from abstract_client.http.resume import resumed_bytes
 from abstract_client.http.sse import SSEEvent
 from abstract_client.http.wire import load_frame, read_chunks
+from abstract_client.http_lane import server_root
 from abstract_client.provider import CallContext, Completion, ModelInfo, UnloadReport
 from abstract_client.types import GenerationRequest, StreamChunk, Usage
 from abstract_client.wires.chat import CHAT, ChatChunks, reasoning_fields, response_format_field, sampling_fields
+from abstract_client.wires.responses import RESPONSES
 from abstract_client.wires.timings import timings_from
 from abstract_client.wires.wire import Wire
 
-from .openai_compatible import STOP_REACH_S, OpenAICompatibleProvider, server_root
+from .openai_compatible import STOP_REACH_S, OpenAICompatibleProvider
 
 _FINISH = {"eos": "stop", "word": "stop", "limit": "length"}
 _FORBIDDEN_HEADERS = {"x-conversation-id"}
@@ -48,6 +50,12 @@ class LlamaCppProvider(OpenAICompatibleProvider):
 
     name = "llamacpp"
     resumable_streams = True  # X-Conversation-Id, GET and DELETE /v1/stream
+    resuming_wire = CHAT  # (its /v1/responses has no background mode)
+    # llama-server's quirks by wire: the streams it times on every chunk when asked
+    # (``timings_per_token``), and the routes that convert the body to chat and drop the
+    # dialect's own structured-output and reasoning fields (its chat fields are sent too)
+    timed_streams: ClassVar[tuple[Wire, ...]] = (CHAT,)
+    converted_to_chat: ClassVar[tuple[Wire, ...]] = (RESPONSES,)
     complete_over_stream = True  # a stop reaches the server at its next token write
     default_base_url = "http://127.0.0.1:8080"
     api_base = staticmethod(server_root)  # native routes (/slots, /tokenize) live beside /v1
@@ -103,9 +111,9 @@ class LlamaCppProvider(OpenAICompatibleProvider):
         and the reasoning switch as on chat. A chat stream asks for ``timings`` on every chunk:
         the server's own count so far (prompt, cache, decoded), so a stopped answer knows what
         the engine did up to the stop (a gateway bills it)."""
-        if wire.name == "chat" and body.get("stream"):
+        if wire in self.timed_streams and body.get("stream"):
             body.setdefault("timings_per_token", True)
-        if wire.name != "responses":
+        if wire not in self.converted_to_chat:
             return
         if request.response_format is not None:
             body.setdefault("response_format", response_format_field(request.response_format))
@@ -124,7 +132,7 @@ class LlamaCppProvider(OpenAICompatibleProvider):
                 "resumable streams are chat streams on llama-server (not raw=True)", provider=self.name
             )
         conv_id = f"abstract-client-{ctx.request_id}-{uuid.uuid4().hex[:8]}"
-        path, body = self.route(CHAT, request), self.body(CHAT, request, stream=True)
+        path, body = self.route(self.resuming_wire, request), self.body(self.resuming_wire, request, stream=True)
         headers = {**(self.call_headers(ctx) or {}), "X-Conversation-Id": conv_id}
 
         def cancel() -> None:

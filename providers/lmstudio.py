@@ -25,14 +25,14 @@ import httpx
 from abstract_client.errors import ProviderProtocolError
 from abstract_client.http.mapping import decode_json_body
 from abstract_client.http.wire import poll_until_ready
-from abstract_client.images import url_refused
+from abstract_client.http_lane import server_root
 from abstract_client.provider import ModelInfo, UnloadReport
 from abstract_client.types import GenerationRequest
 from abstract_client.wires.chat import CHAT
 from abstract_client.wires.lmstudio import LMSTUDIO
 from abstract_client.wires.wire import Wire
 
-from .openai_compatible import OpenAICompatibleProvider, server_root
+from .openai_compatible import OpenAICompatibleProvider
 
 
 class LMStudioProvider(OpenAICompatibleProvider):
@@ -52,9 +52,6 @@ class LMStudioProvider(OpenAICompatibleProvider):
         wire (the Responses and Messages wires carry reasoning themselves)."""
         plain = request.reasoning is not None and not request.tools and request.response_format is None
         return LMSTUDIO if request.extra.get("native") or (self.wire is CHAT and plain) else self.wire
-
-    async def images_refused(self, request: GenerationRequest) -> str | None:
-        return url_refused(request.messages, self.name) if self.wire_for(request) is LMSTUDIO else None
 
     async def native_tools(self, request: GenerationRequest) -> bool:
         """``/v1`` takes ``tool_choice`` none/auto/required; a named choice is carried as a

@@ -24,14 +24,14 @@ from typing import Any
 import anyio
 
 from abstract_client.errors import ProviderProtocolError, ServerUnavailableError
-from abstract_client.http.wire import json_body, raise_if_error
-from abstract_client.images import url_refused
-from abstract_client.provider import CallContext, EmbeddingBatch, ModelInfo, UnloadReport
-from abstract_client.types import GenerationRequest, Usage
+from abstract_client.http.wire import raise_if_error
+from abstract_client.http_lane import server_root
+from abstract_client.provider import ModelInfo, UnloadReport
+from abstract_client.types import GenerationRequest
 from abstract_client.wires.ollama import OLLAMA
 from abstract_client.wires.wire import Wire
 
-from .openai_compatible import OpenAICompatibleProvider, server_root
+from .openai_compatible import OpenAICompatibleProvider
 
 
 class OllamaProvider(OpenAICompatibleProvider):
@@ -60,7 +60,7 @@ class OllamaProvider(OpenAICompatibleProvider):
         self,
         *,
         base_url: str | None = None,
-        wire: str | None = None,
+        wire: str | Wire | None = None,
         use_openai_api: bool = False,
         unload_poll_timeout: float = 30.0,
         **kw: Any,
@@ -71,39 +71,12 @@ class OllamaProvider(OpenAICompatibleProvider):
     def wire_for(self, request: GenerationRequest) -> Wire:
         return OLLAMA if request.raw else self.wire  # a raw prompt: /api/generate (no template)
 
-    async def images_refused(self, request: GenerationRequest) -> str | None:
-        return None if self.wire_for(request) is not OLLAMA else url_refused(request.messages, self.name)
-
     async def native_tools(self, request: GenerationRequest) -> bool:
         """Ollama parses calls itself but cannot force one (no ``tool_choice``): a forced call is
         carried as ``format`` (schema-constrained output)."""
         if request.raw:
             return False
         return request.tool_choice in (None, "auto", "none")
-
-    async def embed(
-        self, texts: list[str], ctx: CallContext, *, model: str | None, dimensions: int | None = None
-    ) -> EmbeddingBatch:
-        """Native ``/api/embed`` (all-or-nothing per request on Ollama's side: a stop loses only
-        the batch in flight, the contract keeps the earlier ones)."""
-        if self.wire is not OLLAMA:
-            return await super().embed(texts, ctx, model=model, dimensions=dimensions)
-        body: dict[str, Any] = {"model": model, "input": texts}
-        if dimensions is not None:
-            body["dimensions"] = dimensions
-        body.update({k: v for k, v in self.extra_body.items() if k in ("keep_alive", "truncate", "options")})
-        obj = json_body(await ctx.request("POST", "/api/embed", json=body))
-        vectors = obj.get("embeddings") if isinstance(obj, dict) else None
-        if not isinstance(vectors, list) or not all(
-            isinstance(v, list) and all(isinstance(x, (int, float)) for x in v) for v in vectors
-        ):
-            raise ProviderProtocolError(f"unexpected /api/embed body: {str(obj)[:200]}")
-        n_prompt = obj.get("prompt_eval_count")
-        return EmbeddingBatch(
-            vectors=[[float(x) for x in v] for v in vectors],
-            usage=Usage(prompt_tokens=n_prompt if isinstance(n_prompt, int) else None),
-            model=obj.get("model") if isinstance(obj.get("model"), str) else None,
-        )
 
     # -- models ------------------------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ import logging
 import uuid
 from collections.abc import AsyncGenerator
 from contextlib import AbstractAsyncContextManager, aclosing
-from typing import Any
+from typing import Any, ClassVar
 
 import anyio
 import httpx
@@ -24,15 +24,16 @@ import httpx
 from abstract_client.errors import NotSupportedError, ProviderProtocolError, TransportError
 from abstract_client.http.resume import resumed_items
 from abstract_client.http.wire import json_body
-from abstract_client.http_lane import HttpLane, server_root, v1_base
+from abstract_client.http_lane import HttpLane, v1_base
 from abstract_client.provider import CallContext, EmbeddingBatch
 from abstract_client.types import GenerationRequest, StreamChunk
 from abstract_client.wires.chat import embeddings_from
-from abstract_client.wires.responses import RESPONSES, ResponseEvents, response_events
+from abstract_client.wires.responses import ResponseEvents, response_events
+from abstract_client.wires.wire import Wire
 
 from ._server_cancel import ServerCancels
 
-__all__ = ["STOP_REACH_S", "OpenAICompatibleProvider", "server_root", "v1_base"]
+__all__ = ["STOP_REACH_S", "OpenAICompatibleProvider"]
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +57,23 @@ class OpenAICompatibleProvider(HttpLane):
         super().__init__(**kw)
         self._cancels = ServerCancels(self.clients)  # the server's own cancel, for a stop
 
-    def resumes(self) -> bool:
-        # a server that keeps a background response past a disconnect (the Responses wire), whatever the lane
-        return self.resumable_streams or self.wire.resumes
+    # the wire the lane's own resumable stream speaks (llama-server: chat, vLLM: Responses); None:
+    # the lane's wire, if the dialect resumes (``Wire.resumes``: a Responses background response)
+    resuming_wire: ClassVar[Wire | None] = None
+
+    def resumable_refused(self) -> str | None:
+        """Served on the wire the lane was asked for, never another in silence: a lane made on
+        its default wire resumes on its own resuming wire (vLLM's chat lane: over Responses, the
+        same chunks); a ``wire=`` the lane does not resume on is refused, with the one it does."""
+        resuming = self.resuming_wire
+        if resuming is None:
+            return None if self.wire.resumes else super().resumable_refused()
+        if self.wire is resuming or not self.wire_chosen:
+            return None
+        return (
+            f"resumable=True on the {self.name} lane resumes a {resuming.name!r} stream, and this lane was made "
+            f"with wire={self.wire.name!r}: make it with wire={resuming.name!r} (or without wire=) for resumable calls"
+        )
 
     def stream(self, request: GenerationRequest, ctx: CallContext) -> AsyncGenerator[StreamChunk, None]:
         return self.stream_resumable(request, ctx) if request.resumable else super().stream(request, ctx)
@@ -71,8 +86,9 @@ class OpenAICompatibleProvider(HttpLane):
         any other way: a deadline, an error, a ``break``), the sever following as on every call."""
         if request.raw:
             raise NotSupportedError("resumable streams are chat calls (not raw=True)", provider=self.name)
-        path = self.route(RESPONSES, request)
-        body = self.body(RESPONSES, request, stream=True)
+        wire = self.resuming_wire or self.wire  # a Responses wire (``resumable_refused``)
+        path = self.route(wire, request)
+        body = self.body(wire, request, stream=True)
         body.update(background=True, store=True)  # a background response must be stored
         events = ResponseEvents()
         if self.names_responses:
@@ -137,6 +153,13 @@ class OpenAICompatibleProvider(HttpLane):
     async def embed(
         self, texts: list[str], ctx: CallContext, *, model: str | None, dimensions: int | None = None
     ) -> EmbeddingBatch:
+        """The lane's wire's own embeddings route if it has one (Ollama's ``/api/embed``), else
+        the server's ``/v1/embeddings``."""
+        route = self.wire.embeddings
+        if route is not None:
+            native = route.encode(texts, model, dimensions, self.extra_body)
+            answer = await ctx.request("POST", route.path, json=native, headers=self.call_headers(ctx))
+            return route.batch(json_body(answer))
         body: dict[str, Any] = {"model": model or "default", "input": texts, "encoding_format": "float"}
         if dimensions is not None:
             body["dimensions"] = dimensions

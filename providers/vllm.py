@@ -20,18 +20,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from types import MappingProxyType
-from typing import Any
+from typing import Any, ClassVar
 
 from abstract_client.errors import NotSupportedError, ProviderProtocolError
 from abstract_client.http.wire import poll_until_ready
-from abstract_client.provider import Completion, UnloadReport
-from abstract_client.types import GenerationRequest, StreamChunk
-from abstract_client.wires.chat import ChatChunks, sampling_fields, usage_from
+from abstract_client.http_lane import server_root
+from abstract_client.provider import UnloadReport
+from abstract_client.types import GenerationRequest
+from abstract_client.wires.chat import CHAT
+from abstract_client.wires.completions import COMPLETIONS
+from abstract_client.wires.responses import RESPONSES
 from abstract_client.wires.wire import Wire
 
-from .openai_compatible import OpenAICompatibleProvider, server_root
+from .openai_compatible import OpenAICompatibleProvider
 
 
 class VLLMFlavour(OpenAICompatibleProvider):
@@ -47,12 +49,12 @@ class VLLMFlavour(OpenAICompatibleProvider):
         self.root = server_root(self.clients.base_url)
 
     def wire_for(self, request: GenerationRequest) -> Wire:
-        return TEXT_COMPLETIONS if request.raw else self.wire
+        return COMPLETIONS if request.raw else self.wire
 
     def adjust(self, wire: Wire, body: dict[str, Any], request: GenerationRequest) -> None:
         schema = body.pop("json_schema", None)
         if schema is not None:
-            _SCHEMA_FIELD.get(wire.name, _response_format)(body, schema)
+            wire.schema_field(body, schema)
 
     async def wait_ready(self, timeout: float) -> None:
         await poll_until_ready(self.clients.get(), f"{self.root}/health", timeout, provider=self.name)
@@ -67,13 +69,16 @@ class VLLMProvider(VLLMFlavour):
     resumable_streams = True
     names_responses = True
     default_base_url = "http://127.0.0.1:8000/v1"
+    # the streams vLLM counts on every chunk when asked (``continuous_usage_stats``): its chat's
+    counted_streams: ClassVar[tuple[Wire, ...]] = (CHAT,)
+    resuming_wire = RESPONSES  # its only stream that outlives a drop: a background response
 
     def adjust(self, wire: Wire, body: dict[str, Any], request: GenerationRequest) -> None:
         """And a chat stream asks for usage on every chunk (``continuous_usage_stats``): vLLM's
         own count so far, so a stopped answer knows what the engine did up to the stop."""
         super().adjust(wire, body, request)
         options = body.get("stream_options")
-        if wire.name == "chat" and isinstance(options, dict):
+        if wire in self.counted_streams and isinstance(options, dict):
             options.setdefault("continuous_usage_stats", True)
 
     async def native_tools(self, request: GenerationRequest) -> bool:
@@ -102,55 +107,3 @@ class VLLMProvider(VLLMFlavour):
             provider=self.name,
             model=self.model,
         )
-
-
-def _response_format(body: dict[str, Any], schema: Any) -> None:
-    body["response_format"] = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
-
-
-# where each wire carries a JSON schema for the answer (chat and /v1/completions: response_format)
-_SCHEMA_FIELD: dict[str, Callable[[dict[str, Any], Any], None]] = {
-    "responses": lambda body, schema: body.update(
-        text={"format": {"type": "json_schema", "name": "answer", "schema": schema}}
-    ),
-    "messages": lambda body, schema: body.update(output_format={"type": "json_schema", "schema": schema}),
-}
-
-
-def _completions_body(request: GenerationRequest, stream: bool) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": request.model, "prompt": request.prompt or "", "stream": stream}
-    if stream:
-        body["stream_options"] = {"include_usage": True}
-    body.update(sampling_fields(request))
-    if request.response_format is not None:
-        body["structured_outputs"] = {"json": request.response_format.schema or {"type": "object"}}
-    body.update(request.extra)
-    return body
-
-
-def _text_chunk(obj: Any) -> StreamChunk:
-    if not isinstance(obj, dict):
-        raise ProviderProtocolError(f"unexpected /v1/completions frame: {str(obj)[:200]}")
-    choices = obj.get("choices") or []
-    choice = choices[0] if choices and isinstance(choices[0], dict) else {}
-    text = choice.get("text", "")
-    if not isinstance(text, str):
-        raise ProviderProtocolError(f"malformed completion text: {str(text)[:200]}")
-    finish = choice.get("finish_reason")
-    return StreamChunk(
-        delta=text,
-        finish_reason=finish if isinstance(finish, str) else None,
-        usage=usage_from(obj.get("usage")),
-        model=obj.get("model") if isinstance(obj.get("model"), str) else None,
-        raw=obj,
-    )
-
-
-# vLLM's raw route (not a dialect a lane is asked for by name: ``raw=True`` takes it)
-TEXT_COMPLETIONS = Wire(
-    "completions",
-    "/completions",
-    _completions_body,
-    lambda: ChatChunks(_text_chunk),
-    lambda body: Completion.from_chunk(_text_chunk(body), raw=body),
-)

@@ -174,10 +174,10 @@ def test_non_streaming_over_the_stream_equals_the_plain_answer(lm: LLM, raw: boo
     kwargs: dict[str, Any] = {"max_tokens": 12, "temperature": 0, "seed": 1}
     if raw:
         over = lm.generate("The capital of France is", raw=True, **kwargs)
-        plain = lm.generate("The capital of France is", raw=True, plain_wire=True, **kwargs)
+        plain = lm.generate("The capital of France is", raw=True, plain_route=True, **kwargs)
     else:
         over = lm.generate(messages=CAPITAL, **kwargs)  # type: ignore[arg-type]
-        plain = lm.generate(messages=CAPITAL, plain_wire=True, **kwargs)  # type: ignore[arg-type]
+        plain = lm.generate(messages=CAPITAL, plain_route=True, **kwargs)  # type: ignore[arg-type]
     assert over.content == plain.content and over.content
     assert over.finish_reason == plain.finish_reason
     # the same tokens; how many of the prompt's the server's cache served differs (the first

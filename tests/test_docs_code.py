@@ -338,3 +338,18 @@ def test_the_api_glance_is_the_code() -> None:
     glance = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(glance)
     assert glance.current() == glance.render()
+
+
+def test_the_architecture_lists_what_a_wire_can_do_as_wire_has_it() -> None:
+    """docs/architecture.md's list of a wire's abilities: each a field of ``Wire``, and every
+    field beyond what every wire has (its name, path, coders, families, route) listed."""
+    import dataclasses
+
+    from abstract_client.wires.wire import Wire
+
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    listed = re.search(r"<!-- wire-abilities -->(.*?)<!-- /wire-abilities -->", text, re.S)
+    assert listed is not None, "the list's markers are gone"
+    named = set(re.findall(r"`(\w+)`", listed.group(1)))
+    every_wire_has = {"name", "path", "encode", "decoder", "completion", "families", "route"}
+    assert named == {f.name for f in dataclasses.fields(Wire)} - every_wire_has

@@ -1,24 +1,20 @@
-"""A dialect added without touching a lane (#60): the legacy ``/v1/completions`` wire, written here
-in a few lines (its body, its sans-io decoder, its whole-body mapping) and registered, is then
-spoken by the unchanged ``llamacpp`` lane to a REAL llama-server: an answer, and a stop the
-server proves (its ``cancel task`` line, the slot idle, the decoded count frozen)."""
+"""A dialect added without touching a lane (#60): the legacy ``/v1/completions`` wire — the one
+value ``abstract_client/wires/completions.py`` defines, which the ``vllm`` lane takes for
+``raw=True`` — given to the unchanged ``llamacpp`` lane as a value (no registry touched), spoken
+to a REAL llama-server: an answer, and a stop the server proves (its ``cancel task`` line, the
+slot idle, the decoded count frozen)."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
-from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 from abstract_client import GenerationCancelledError, create_llm
-from abstract_client.http.chunk_decoder import SSEChunks
-from abstract_client.http.sse import SSEEvent
-from abstract_client.http.wire import load_frame
-from abstract_client.provider import Completion
 from abstract_client.testing.processes import LlamaServer
-from abstract_client.types import GenerationRequest, StreamChunk
-from abstract_client.wires.wire import WIRES, Wire, register
+from abstract_client.wires.completions import COMPLETIONS
+from abstract_client.wires.wire import WIRES
 
 from .helpers import press_when
 from .test_llamacpp_real import assert_server_stopped, llama  # noqa: F401  (its server and its evidence)
@@ -26,54 +22,10 @@ from .test_llamacpp_real import assert_server_stopped, llama  # noqa: F401  (its
 pytestmark = pytest.mark.llamacpp
 
 
-def _body(request: GenerationRequest, stream: bool) -> dict[str, Any]:
-    last = request.messages[-1]["content"] if request.messages else ""
-    body: dict[str, Any] = {"model": request.model or "default", "prompt": request.prompt or last, "stream": stream}
-    if request.max_tokens is not None:
-        body["max_tokens"] = request.max_tokens
-    return {**body, **request.extra}
-
-
-def _chunk(frame: Any) -> StreamChunk:
-    choice = frame["choices"][0] if frame.get("choices") else {}
-    return StreamChunk(delta=choice.get("text") or "", finish_reason=choice.get("finish_reason"), raw=frame)
-
-
-class _Chunks(SSEChunks):
-    def event(self, event: SSEEvent) -> list[StreamChunk]:
-        if event.data.strip() == "[DONE]":
-            self.done = True
-            return []
-        chunk = _chunk(load_frame(event.data))
-        self.finished = self.finished or chunk.finish_reason is not None
-        return [chunk]
-
-
-COMPLETIONS = Wire(
-    name="completions",
-    path="/completions",
-    families=frozenset({"v1"}),
-    encode=_body,
-    decoder=_Chunks,
-    completion=lambda body: Completion.from_chunk(_chunk(body), raw=body),
-)
-
-
-@pytest.fixture
-def completions_wire() -> Iterator[Wire]:
-    register(COMPLETIONS)
-    try:
-        yield COMPLETIONS
-    finally:
-        del WIRES["completions"]
-
-
-def test_a_registered_wire_is_spoken_by_an_unchanged_lane_and_stops(
-    llama: LlamaServer,  # noqa: F811
-    completions_wire: Wire,
-) -> None:
+def test_a_wire_given_as_a_value_is_spoken_by_an_unchanged_lane_and_stops(llama: LlamaServer) -> None:  # noqa: F811
+    assert "completions" not in WIRES  # nothing registered it
     assert llama.wait_idle(10)
-    with create_llm("llamacpp", "smollm2", base_url=llama.url, wire="completions", max_retries=0) as lm:
+    with create_llm("llamacpp", "smollm2", base_url=llama.url, wire=COMPLETIONS, max_retries=0) as lm:
         result = lm.generate("The capital of France is", max_tokens=8, temperature=0)
         assert result.content and result.raw["object"] == "text_completion"  # the route the wire named
 
@@ -89,8 +41,13 @@ def test_a_registered_wire_is_spoken_by_an_unchanged_lane_and_stops(
         assert_server_stopped(llama, before)
 
 
-def test_a_lane_refuses_a_wire_its_server_does_not_serve(completions_wire: Wire) -> None:
-    with pytest.raises(ValueError, match=r"wire must be one of .*'completions'.*not 'ollama'"):
+def test_a_lane_refuses_a_wire_its_server_does_not_serve() -> None:
+    with pytest.raises(ValueError, match=r"wire must be one of .*'messages'.*not 'completions'"):
+        create_llm("llamacpp", "m", base_url="http://127.0.0.1:9", wire="completions")  # not by name
+    with pytest.raises(ValueError, match=r"wire must be one of .*not 'ollama'"):
         create_llm("llamacpp", "m", base_url="http://127.0.0.1:9", wire="ollama")
+    elsewhere = dataclasses.replace(COMPLETIONS, families=frozenset({"elsewhere"}))
+    with pytest.raises(ValueError, match=r"the 'completions' wire is not one llamacpp serves \(its servers: v1\)"):
+        create_llm("llamacpp", "m", base_url="http://127.0.0.1:9", wire=elsewhere)
     with pytest.raises(TypeError, match="wire= is not taken"):
-        create_llm("anthropic", "m", base_url="http://127.0.0.1:9", wire="completions")
+        create_llm("anthropic", "m", base_url="http://127.0.0.1:9", wire=COMPLETIONS)

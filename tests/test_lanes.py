@@ -77,7 +77,7 @@ def test_ollama_chat_body_options_and_final_mapping() -> None:
 
 @respx.mock
 def test_ollama_stream_false_is_sent_explicitly_and_raw_uses_generate() -> None:
-    """With ``plain_wire=True`` (by default a non-streaming call rides the NDJSON stream)."""
+    """With ``plain_route=True`` (by default a non-streaming call rides the NDJSON stream)."""
     chat = respx.post(f"{OLLAMA}/api/chat").mock(
         return_value=httpx.Response(
             200,
@@ -88,9 +88,9 @@ def test_ollama_stream_false_is_sent_explicitly_and_raw_uses_generate() -> None:
         return_value=httpx.Response(200, json={"model": "m", "response": "raw!", "done": True, "done_reason": "stop"})
     )
     with create_llm("ollama", "m", base_url=OLLAMA) as llm:
-        assert llm.generate("x", plain_wire=True).finish_reason == "length"
+        assert llm.generate("x", plain_route=True).finish_reason == "length"
         assert json.loads(chat.calls.last.request.content)["stream"] is False
-        assert llm.generate("Once upon", raw=True, plain_wire=True).content == "raw!"
+        assert llm.generate("Once upon", raw=True, plain_route=True).content == "raw!"
         assert json.loads(gen.calls.last.request.content) == {
             "model": "m",
             "stream": False,
@@ -128,7 +128,7 @@ def test_ollama_unknown_model_and_openai_route() -> None:
     with create_llm("ollama", "x", base_url=OLLAMA) as llm, pytest.raises(ModelNotFoundError):
         llm.generate("x")
     with create_llm("ollama", "x", base_url=OLLAMA, use_openai_api=True) as llm:
-        assert llm.generate("x", plain_wire=True).content == "via v1"
+        assert llm.generate("x", plain_route=True).content == "via v1"
     assert v1.called
 
 
@@ -359,10 +359,10 @@ def _fields(result: Any) -> tuple[Any, ...]:
 @pytest.mark.parametrize("raw", [False, True], ids=["chat", "raw"])
 def test_non_streaming_over_the_stream_equals_the_plain_answer(server: FakeServer, llm: LLM, raw: bool) -> None:
     """The same ``GenerateResult`` fields whether a non-streaming call rides the streaming wire
-    (the default where the server streams) or the plain route (``plain_wire=True``)."""
+    (the default where the server streams) or the plain route (``plain_route=True``)."""
     kwargs: dict[str, Any] = {"max_tokens": 7, "raw": True} if raw else {"max_tokens": 7}
     over_stream = llm.generate("Once upon", **kwargs)
-    plain = llm.generate("Once upon", plain_wire=True, **kwargs)
+    plain = llm.generate("Once upon", plain_route=True, **kwargs)
     assert _fields(over_stream) == _fields(plain)
     assert over_stream.content == "tok0 tok1 tok2 tok3 tok4 tok5 tok6 "
     bodies = [r.body for r in server.records if isinstance(r.body, dict) and "stream" in r.body]

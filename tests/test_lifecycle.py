@@ -137,6 +137,20 @@ def test_real_calls_walk_the_table(walks: dict[str, list[str]]) -> None:
     assert all(_is_a_walk(moves) for moves in walks.values()), walks
 
 
+def test_a_call_refused_while_it_is_prepared_never_enters_prepared(walks: dict[str, list[str]]) -> None:
+    """PREPARED means the request is fixed and checked: an image URL the wire takes as data only
+    (Ollama's native wire) is refused before the move, so observers never hear of it."""
+    from abstract_client import NotSupportedError
+    from abstract_client.testing import FakeOllamaServer
+
+    picture = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://x.test/a.png"}}]}]
+    with FakeOllamaServer() as server, create_llm("ollama", "m", base_url=server.base_url) as llm:
+        with pytest.raises(NotSupportedError):
+            llm.generate(messages=picture, request_id="refused")
+        assert server.records == []
+    assert walks["refused"] == ["admitted", "released"]
+
+
 def test_an_observer_that_fails_changes_nothing(walks: dict[str, list[str]]) -> None:
     def broken(call: Any, what: str, info: Mapping[str, Any]) -> None:
         raise RuntimeError("observer bug")

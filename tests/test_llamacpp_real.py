@@ -231,7 +231,7 @@ def test_the_responses_wire_answers_as_the_chat_wire_does(lm: LLM, llama: LlamaS
     with create_llm("llamacpp", "smollm2", base_url=llama.url, wire="responses") as rlm:
         chat = lm.generate(messages=CAPITAL, max_tokens=30, temperature=0)
         for plain in (False, True):
-            answer = rlm.generate(messages=CAPITAL, max_tokens=30, temperature=0, plain_wire=plain)
+            answer = rlm.generate(messages=CAPITAL, max_tokens=30, temperature=0, plain_route=plain)
             assert answer.content == chat.content and "Paris" in answer.content
             assert answer.usage is not None and answer.usage.prompt_tokens == chat.usage.prompt_tokens  # type: ignore[union-attr]
             if not plain:  # the streamed answer's last event carries llama-server's timings

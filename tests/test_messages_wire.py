@@ -91,7 +91,7 @@ def test_a_tool_call_streams_as_input_json_and_is_assembled(fake: FakeOpenAIServ
         assert [(c.id, c.name, c.arguments) for c in result.tool_calls] == [
             ("toolu_1", "get_weather", {"city": "Paris"})
         ]
-        plain = llm.generate("Weather in Paris?", tools=[WEATHER_TOOL], tool_choice="required", plain_wire=True)
+        plain = llm.generate("Weather in Paris?", tools=[WEATHER_TOOL], tool_choice="required", plain_route=True)
         assert [(c.name, c.arguments) for c in plain.tool_calls] == [("get_weather", {"city": "Paris"})]
 
 

@@ -14,7 +14,7 @@ import anyio
 import pytest
 
 from abstract_client import LLM, GenerateOptions, GenerationCancelledError, create_llm
-from abstract_client.providers.openai_compatible import v1_base
+from abstract_client.http_lane import v1_base
 from abstract_client.testing import FakeLMStudioServer, FakeOllamaServer, FakeOpenAIServer, FakeServer
 from abstract_client.testing._server import Conn, RequestRecord
 
@@ -60,6 +60,8 @@ def test_a_misspelt_option_is_a_type_error_and_nothing_is_sent(fake: FakeOpenAIS
             _start(llm, method, temprature=0.2, max_tokens=2)
         with pytest.raises(TypeError, match=r"'native'.*the llamacpp lane takes no options of its own"):
             _start(llm, method, native=True)  # LM Studio's, not llama-server's
+        with pytest.raises(TypeError, match=r"'plain_wire' \(it is plain_route= now\)"):
+            _start(llm, method, plain_wire=True)  # an option's old name
         assert fake.records == [] and fake.connections == 0
         _start(llm, method, max_tokens=3, extra_body={"max_token": 3})  # the way to send a field as it is
     body = fake.last.body

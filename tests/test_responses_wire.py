@@ -70,7 +70,7 @@ def test_the_request_is_the_responses_form_of_the_call(fake: tuple[str, FakeServ
         tools=[WEATHER_TOOL],
         tool_choice="auto",
         reasoning="low",
-        plain_wire=True,
+        plain_route=True,
     )
     record = server.requests("/v1/responses")[-1]
     body = record.body
@@ -123,7 +123,7 @@ def test_text_usage_and_finish_reason(rllm: LLM, streaming: bool) -> None:
         text = "".join(c.delta for c in chunks)
         finish, usage = chunks[-1].finish_reason, chunks[-1].usage
     else:
-        result = rllm.generate("one two three", max_tokens=4, plain_wire=True)
+        result = rllm.generate("one two three", max_tokens=4, plain_route=True)
         text, finish, usage = result.content, result.finish_reason, result.usage
     assert text == "tok0 tok1 tok2 tok3 "
     assert finish == "length"  # status "incomplete", reason max_output_tokens
@@ -147,7 +147,7 @@ def test_reasoning_and_tool_calls_map_as_on_the_chat_wire(
         reasoning = "".join(c.reasoning for c in chunks)
         calls, finish = chunks[-1].tool_calls, chunks[-1].finish_reason
     else:
-        result = rllm.generate("weather?", plain_wire=True, **options)
+        result = rllm.generate("weather?", plain_route=True, **options)
         reasoning, calls, finish = result.reasoning, result.tool_calls, result.finish_reason
     assert reasoning == "Need weather."
     assert finish == "tool_calls"
@@ -183,7 +183,7 @@ def test_a_stop_of_a_whole_answer_is_the_stop(fake: tuple[str, FakeServer], rllm
     event = threading.Event()
     press = press_when(lambda: server.requests("/v1/responses"), event.set)  # the server holds it
     with pytest.raises(GenerationCancelledError):
-        rllm.generate("x", cancel_event=event, plain_wire=True)
+        rllm.generate("x", cancel_event=event, plain_route=True)
     server.wait_for_disconnect(server.requests("/v1/responses")[-1])
     press.wait()
 
@@ -213,7 +213,7 @@ def test_stream_faults_are_typed_and_keep_the_partial_text(
 def test_an_error_body_under_200_is_typed(fake: tuple[str, FakeServer], rllm: LLM) -> None:
     _server(fake).inject("error_on_200")
     with pytest.raises(ProviderAPIError):
-        rllm.generate("x", plain_wire=True)
+        rllm.generate("x", plain_route=True)
 
 
 def test_an_unknown_wire_is_refused_and_resumable_needs_a_server_that_keeps_responses(

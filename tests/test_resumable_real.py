@@ -212,8 +212,8 @@ def test_resumable_is_refused_where_it_cannot_be_kept() -> None:
             with pytest.raises(NotSupportedError, match="no resumable streams"):
                 llm.generate("hi", resumable=True)
         with create_llm("llamacpp", "fake-model", base_url=server.url) as llm:
-            with pytest.raises(ValueError, match="plain_wire"):
-                llm.generate("hi", resumable=True, plain_wire=True)
+            with pytest.raises(ValueError, match="plain_route"):
+                llm.generate("hi", resumable=True, plain_route=True)
             with pytest.raises(ValueError, match="resume_timeout"):
                 llm.generate("hi", resumable=True, resume_timeout=0)
             with pytest.raises(TypeError, match="resumable"):

@@ -190,7 +190,7 @@ def test_a_stopped_call_makes_one_attempt_on_one_connection(
                 for _ in llm.stream("x", max_tokens=100_000, cancel_event=event):
                     pass
             else:
-                llm.generate("x", max_tokens=100_000, cancel_event=event, plain_wire=how == "plain")
+                llm.generate("x", max_tokens=100_000, cancel_event=event, plain_route=how == "plain")
         stopper.join(10)
         time.sleep(0.5)  # a retry right behind the stop would have connected by now
         assert counting.attempts == 1
@@ -293,7 +293,7 @@ async def test_rule7_a_stop_before_the_answer_is_handed_over_wins(server: FakeSe
                 async for _ in stream:
                     pass
         else:
-            await llm.agenerate("x", max_tokens=3, cancel_event=event, plain_wire=how == "plain")
+            await llm.agenerate("x", max_tokens=3, cancel_event=event, plain_route=how == "plain")
     assert info.value.reason == "user"
     if how != "plain":
         assert info.value.partial_text == "tok0 tok1 tok2 "  # the whole answer, kept, but not handed over

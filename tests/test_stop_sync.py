@@ -64,20 +64,20 @@ def test_stop_while_waiting_for_headers(server: FakeServer, llm: LLM) -> None:
     assert info.value.cancel_to_stop_ms is not None and info.value.cancel_to_stop_ms < 1000
 
 
-@pytest.mark.parametrize("plain_wire", [False, True], ids=["over-stream", "plain"])
-def test_stop_during_non_streaming_body(server: FakeServer, llm: LLM, plain_wire: bool) -> None:
+@pytest.mark.parametrize("plain_route", [False, True], ids=["over-stream", "plain"])
+def test_stop_during_non_streaming_body(server: FakeServer, llm: LLM, plain_route: bool) -> None:
     server.behavior.token_delay = 0.01
     controller = AbortController()
     press = press_when(lambda: server.last.tokens_sent >= 3, controller.abort)  # mid-body, by the server's record
     with pytest.raises(GenerationCancelledError) as info:
-        llm.generate("x", max_tokens=10_000, signal=controller.signal, plain_wire=plain_wire)
+        llm.generate("x", max_tokens=10_000, signal=controller.signal, plain_route=plain_route)
     press.wait()
     record = server.last
     seen = server.wait_for_disconnect(record)
     assert controller.signal.aborted_at is not None
     assert seen - controller.signal.aborted_at < SERVER_SEES_EOF_S
     assert 0 < record.tokens_sent < 10_000  # the server stopped "decoding"
-    over_stream = llm.provider.complete_over_stream and not plain_wire
+    over_stream = llm.provider.complete_over_stream and not plain_route
     assert record.body["stream"] is over_stream
     if not over_stream:
         assert info.value.partial_text == ""  # a plain body: nothing arrived, nothing invented

@@ -250,7 +250,7 @@ def test_streamed_tool_calls_assemble_into_complete_calls() -> None:
         # non-streaming: the same calls, assembled by the contract from the streaming wire
         again = llm.generate("weather?", tools=[WEATHER, TIME], tool_choice="required")
         assert again.tool_calls == result.tool_calls and server.last.body["tool_choice"] == "required"
-        plain = llm.generate("weather?", tools=[WEATHER, TIME], plain_wire=True)
+        plain = llm.generate("weather?", tools=[WEATHER, TIME], plain_route=True)
         assert plain.tool_calls == result.tool_calls and plain.finish_reason == "tool_calls"
         llm.close()
 
@@ -493,7 +493,7 @@ def test_reasoning_never_leaks_into_content(field: str) -> None:
         assert result.reasoning == "Let me think." and result.content == "Four."
         body = server.last.body
         assert body["reasoning_effort"] == "low" and body["chat_template_kwargs"] == {"enable_thinking": True}
-        plain = llm.generate("2+2?", reasoning=False, plain_wire=True)
+        plain = llm.generate("2+2?", reasoning=False, plain_route=True)
         assert (plain.reasoning, plain.content) == ("Let me think.", "Four.")
         assert server.last.body["chat_template_kwargs"] == {"enable_thinking": False}
         llm.close()
@@ -529,7 +529,7 @@ def test_ollama_native_tools_thinking_and_format() -> None:
             ("get_weather", {"city": "Paris"}),
             ("get_time", {"tz": "Europe/Paris"}),
         ]
-        streamed = llm.generate("weather?", tools=[WEATHER, TIME], plain_wire=True)
+        streamed = llm.generate("weather?", tools=[WEATHER, TIME], plain_route=True)
         assert [c.arguments for c in streamed.tool_calls] == [c.arguments for c in result.tool_calls]
         # a forced call: Ollama has no tool_choice, so the call is carried by format
         server.behavior.script = None

@@ -317,7 +317,7 @@ def test_the_responses_wire_answers_as_the_chat_wire_does(lm: LLM, vllm: VLLMSer
     with responses_lane(vllm.url) as rlm:
         chat = lm.generate(messages=CAPITAL, max_tokens=40, temperature=0)
         for plain in (False, True):
-            answer = rlm.generate(messages=CAPITAL, max_tokens=40, temperature=0, plain_wire=plain)
+            answer = rlm.generate(messages=CAPITAL, max_tokens=40, temperature=0, plain_route=plain)
             assert answer.content == chat.content and "Paris" in answer.content
             assert answer.usage is not None and chat.usage is not None
             assert answer.usage.prompt_tokens == chat.usage.prompt_tokens

@@ -28,10 +28,15 @@ __all__ = ["finish_output", "prepare"]
 
 
 async def prepare(call: Call) -> None:
-    """Decide, once per call, what the provider is sent (see the module docstring)."""
+    """Decide, once per call, what the provider is sent (see the module docstring); the call
+    enters PREPARED once it is decided — a refused image or tool choice leaves it ADMITTED."""
     if call.phase is not Phase.ADMITTED:  # prepared once (a retry keeps it)
         return
+    await _fix_the_request(call)
     call.handle(Event.PREPARE)
+
+
+async def _fix_the_request(call: Call) -> None:
     request = call.spec.request
     if has_images(request.messages):
         refused = await call.provider.images_refused(request)
@@ -42,7 +47,7 @@ async def prepare(call: Call) -> None:
     if await call.provider.native_tools(request):
         return
     if request.tool_choice == "none":
-        call.wire_request = replace(request, tools=None, tool_choice=None)
+        call.sent_request = replace(request, tools=None, tool_choice=None)
         return
     forced = forced_tools(request.tools, request.tool_choice)
     if not forced:
@@ -54,7 +59,7 @@ async def prepare(call: Call) -> None:
             model=request.model,
         )
     schema, wrapped = call_schema(forced)
-    call.wire_request = replace(
+    call.sent_request = replace(
         request, tools=None, tool_choice=None, response_format=ResponseFormat(schema=schema, name="tool_call")
     )
     call.progress.fallback = ToolFallback(forced, wrapped)

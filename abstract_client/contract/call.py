@@ -145,12 +145,12 @@ class Call:
         "kind",
         "progress",
         "registry",
+        "sent_request",
         "spec",
         "streaming",
         "sync",
         "t0",
         "token",
-        "wire_request",
     )
 
     def __init__(
@@ -173,7 +173,7 @@ class Call:
         self._phase = Phase.BUILT
         # What the provider is sent: the spec's request (what the caller asked), or its rewrite
         # by ``output.prepare`` (a forced tool call on a backend without native tool calling).
-        self.wire_request: GenerationRequest = spec.request
+        self.sent_request: GenerationRequest = spec.request
         self.sync = sync  # a sync caller waits on it: that caller builds the stop's error (_sync)
         # the GenAI operation ("chat", "text_completion", "embeddings"; None: model management),
         # whether the caller streams, the error it ended with (a name: no cycle through a traceback)
@@ -203,7 +203,8 @@ class Call:
 
     def handle(self, event: Event, **info: Any) -> None:
         """Drive the call by the lifecycle table: the move's action (which may refuse it by
-        raising: the phase is then unchanged), the move, then the observers."""
+        raising: the phase is then unchanged), the move, then the observers (told the phase
+        entered, or the event's name for a move that stays: ``"retry"``)."""
         left = self._phase
         to = TRANSITIONS.get((left, event))
         if to is None:
@@ -212,7 +213,7 @@ class Call:
         if action is not None:
             action(self, info)
         self._phase = to
-        notify(self, to.value, **{"from": left, **info})
+        notify(self, event.value if to is left else to.value, **{"from": left, **info})  # a retry stays
 
     @property
     def request_id(self) -> str:

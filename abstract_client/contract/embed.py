@@ -39,7 +39,7 @@ async def run_embedding(call: Call, texts: list[str], *, batch_size: int, dimens
             answer = await step(
                 call,
                 lambda b=batch: with_retries(
-                    call, lambda: call.provider.embed(b, call.ctx, model=call.wire_request.model, dimensions=dimensions)
+                    call, lambda: call.provider.embed(b, call.ctx, model=call.sent_request.model, dimensions=dimensions)
                 ),  # type: ignore[misc]
                 "first",
             )
@@ -58,7 +58,7 @@ async def run_embedding(call: Call, texts: list[str], *, batch_size: int, dimens
         clean = True
         return EmbeddingResult(
             vectors=vectors,
-            model=progress.model or call.wire_request.model,
+            model=progress.model or call.sent_request.model,
             usage=progress.usage,
             provider=call.provider.name,
             request_id=call.request_id,

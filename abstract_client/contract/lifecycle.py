@@ -6,19 +6,21 @@ phase       what the call holds                                          entered
 ==========  ===========================================================  ========================
 BUILT       nothing: no stop source listened to, no socket, not listed   ``Call(...)``
 ADMITTED    listed in flight, its stop sources bound, its socket guard   ``ADMIT`` (admission.py)
-PREPARED    the request the lane is sent is fixed (a forced tool call    ``PREPARE`` (answer.py)
-            on a lane without tool calling: rewritten)
+PREPARED    the request the lane is sent is fixed and checked (a forced  ``PREPARE`` (answer.py)
+            tool call on a lane without tool calling: rewritten)
 ANSWERED    a whole answer, judged so by rule 7; still held              ``ANSWER`` (translate.py)
 COMPLETED   nothing again, after a whole answer                          ``RELEASE`` of ANSWERED
 RELEASED    nothing again, without one (stopped, failed, abandoned)      ``RELEASE`` of the others
 ==========  ===========================================================  ========================
 
-The outcome is the final phase: COMPLETED or RELEASED. :data:`TRANSITIONS` is every move;
+A retry (``RETRY``, run.py) is a move that stays in its phase (ADMITTED or PREPARED): observers
+are told ``"retry"``, with the error, the attempt and the delay. The outcome is the final phase:
+COMPLETED or RELEASED. :data:`TRANSITIONS` is every move;
 :data:`ACTIONS` what a move does, registered by the module that owns it (admission takes its
 hold on ``ADMIT`` and lets go on ``RELEASE``), and run *before* the phase is entered, so a phase
 means what its row says when observers hear of it. An event the table has no row for is a bug
 in the contract (:class:`LifecycleError`), never silently taken. Observers (telemetry) are told
-of each move, and of each retry, after it happened: they read the moves, they write nothing on
+of each move after it happened: they read the moves, they write nothing on
 the call (their own data goes in ``call.extensions``). An observer that fails is logged and
 ignored — it never changes what the caller gets.
 """
@@ -60,6 +62,7 @@ class Event(enum.Enum):
     PREPARE = "prepare"
     ANSWER = "answer"
     RELEASE = "release"
+    RETRY = "retry"  # another attempt: the call stays where it is
 
 
 TRANSITIONS: Mapping[tuple[Phase, Event], Phase] = {
@@ -68,8 +71,10 @@ TRANSITIONS: Mapping[tuple[Phase, Event], Phase] = {
     (Phase.ADMITTED, Event.PREPARE): Phase.PREPARED,
     (Phase.ADMITTED, Event.ANSWER): Phase.ANSWERED,  # an embedding: nothing to prepare
     (Phase.ADMITTED, Event.RELEASE): Phase.RELEASED,
+    (Phase.ADMITTED, Event.RETRY): Phase.ADMITTED,  # an embedding's batch, or a refusal before any byte
     (Phase.PREPARED, Event.ANSWER): Phase.ANSWERED,
     (Phase.PREPARED, Event.RELEASE): Phase.RELEASED,
+    (Phase.PREPARED, Event.RETRY): Phase.PREPARED,
     (Phase.ANSWERED, Event.RELEASE): Phase.COMPLETED,
 }
 FINAL = frozenset({Phase.COMPLETED, Phase.RELEASED})  # the outcomes: a call there holds nothing, for good

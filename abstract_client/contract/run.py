@@ -23,7 +23,7 @@ from ..types import GenerateResult, GenerationRequest, StreamChunk, Timeout, Tim
 from .admission import admit, release
 from .answer import finish_output, prepare
 from .call import Call, CallSpec
-from .lifecycle import notify
+from .lifecycle import Event
 from .retry import RetryPolicy
 from .scope import step
 from .translate import cancelled, classify, judge_complete
@@ -57,7 +57,7 @@ async def with_retries(call: Call, attempt_once: Callable[[], Awaitable[T]]) -> 
                 typed,
                 extra={"request_id": call.request_id},  # also from threads outside the call
             )
-            notify(call, "retry", error=typed, attempt=attempt, delay=delay)
+            call.handle(Event.RETRY, error=typed, attempt=attempt, delay=delay)
             await anyio.sleep(delay)
             attempt += 1
 
@@ -95,7 +95,7 @@ async def first_answer(call: Call) -> Completion:
                 finish_reason=completion.finish_reason,
                 usage=completion.usage,
                 timings=completion.timings,
-                model=completion.model or call.wire_request.model,
+                model=completion.model or call.sent_request.model,
                 raw=completion.raw,
             )
         )
@@ -105,9 +105,9 @@ async def first_answer(call: Call) -> Completion:
 async def complete(call: Call) -> Completion:
     """One non-streaming attempt: the provider's plain route, or its streaming wire assembled
     here, into the same ``Completion`` (content, usage, timings, finish_reason, model)."""
-    provider, request = call.provider, call.wire_request
+    provider, request = call.provider, call.sent_request
     over_stream = provider.complete_over_stream and not provider.plain_by_default
-    if provider.plain_route and not request.resumable and (not over_stream or request.plain_wire):
+    if provider.plain_route and not request.resumable and (not over_stream or request.plain_route):
         return await _complete_plain(call)
     try:
         return await _complete_over_stream(call)
@@ -123,11 +123,11 @@ async def complete(call: Call) -> Completion:
 
 async def _complete_plain(call: Call) -> Completion:
     call.progress.plain_route = True
-    return await call.provider.complete(call.wire_request, call.ctx)
+    return await call.provider.complete(call.sent_request, call.ctx)
 
 
 async def _complete_over_stream(call: Call) -> Completion:
-    provider, request = call.provider, call.wire_request
+    provider, request = call.provider, call.sent_request
     progress = call.progress
     progress.restart()
     progress.plain_route = False
@@ -168,7 +168,7 @@ def result_of(call: Call, raw: Any = None) -> GenerateResult:
             prompt_tokens_per_s=st.prompt_tokens_per_s,
             tokens_per_s=st.tokens_per_s,
         ),
-        model=p.model or call.wire_request.model,
+        model=p.model or call.sent_request.model,
         provider=call.provider.name,
         request_id=call.request_id,
         raw=raw,

@@ -43,7 +43,7 @@ async def open_source(call: Call) -> tuple[Source, StreamChunk | None]:
     await prepare(call)
 
     async def attempt() -> tuple[Source, StreamChunk | None]:
-        source = call.provider.stream(call.wire_request, call.ctx)
+        source = call.provider.stream(call.sent_request, call.ctx)
         try:
             return source, await source.__anext__()
         except StopAsyncIteration:

@@ -85,7 +85,7 @@ def attach(call: Call, err: AbstractClientError) -> AbstractClientError:
     err.generated_tokens = err.generated_tokens or call.generated_tokens
     err.usage = err.usage or progress.usage
     err.provider = err.provider or call.provider.name
-    err.model = err.model or progress.model or call.wire_request.model
+    err.model = err.model or progress.model or call.sent_request.model
     err.request_id = err.request_id or call.request_id
     err.member = err.member or served_by(call.provider, call.request_id)
     err.partial_reasoning = err.partial_reasoning or progress.reasoning

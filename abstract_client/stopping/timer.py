@@ -48,11 +48,6 @@ class Watcher:
 
         return cancel
 
-    @property
-    def watched(self) -> int:
-        with self._cond:
-            return len(self._deadlines) - len(self._cancelled)
-
     def _run(self) -> None:
         while True:
             due: list[Callable[[], object]] = []

@@ -128,5 +128,13 @@ def _whole_result(body: Any) -> Completion:
 
 
 LMSTUDIO = register(
-    Wire("lmstudio", "/api/v1/chat", lmstudio_body, LMStudioChunks, _whole_result, frozenset({"lmstudio"}))
+    Wire(
+        "lmstudio",
+        "/api/v1/chat",
+        lmstudio_body,
+        LMStudioChunks,
+        _whole_result,
+        frozenset({"lmstudio"}),
+        image_urls=False,
+    )
 )

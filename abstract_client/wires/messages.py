@@ -395,5 +395,6 @@ MESSAGES = register(
         V1 | {"anthropic"},
         count_tokens=count_tokens_body,
         carry=MESSAGES_CARRY,
+        schema_field=lambda body, schema: body.update(output_format={"type": "json_schema", "schema": schema}),
     )
 )

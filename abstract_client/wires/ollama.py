@@ -20,10 +20,10 @@ from ..http.chunk_decoder import ChunkDecoder
 from ..http.ndjson import NDJSONDecoder
 from ..http.wire import raise_if_error
 from ..images import base64_payload
-from ..provider import Completion
+from ..provider import Completion, EmbeddingBatch
 from ..types import GenerationRequest, StreamChunk, Timings, ToolCallDelta, Usage
 from .chat import sampling_fields, tool_pieces, wire_messages
-from .wire import Wire, register
+from .wire import Embeddings, Wire, register
 
 __all__ = ["OLLAMA", "OllamaChunks", "chunk_from", "native_messages", "ollama_body", "tool_calls_from"]
 
@@ -186,6 +186,40 @@ def completion_of(obj: Any) -> Completion:
     return completion
 
 
+def _embed_body(texts: list[str], model: str | None, dimensions: int | None, extra: dict[str, Any]) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": model, "input": texts}
+    if dimensions is not None:
+        body["dimensions"] = dimensions
+    body.update({k: v for k, v in extra.items() if k in ("keep_alive", "truncate", "options")})
+    return body
+
+
+def _embed_batch(obj: Any) -> EmbeddingBatch:
+    """``/api/embed``'s answer (all-or-nothing per request on Ollama's side)."""
+    vectors = obj.get("embeddings") if isinstance(obj, dict) else None
+    if not isinstance(vectors, list) or not all(
+        isinstance(v, list) and all(isinstance(x, (int, float)) for x in v) for v in vectors
+    ):
+        raise ProviderProtocolError(f"unexpected /api/embed body: {str(obj)[:200]}")
+    n_prompt = obj.get("prompt_eval_count")
+    return EmbeddingBatch(
+        vectors=[[float(x) for x in v] for v in vectors],
+        usage=Usage(prompt_tokens=n_prompt if isinstance(n_prompt, int) else None),
+        model=obj.get("model") if isinstance(obj.get("model"), str) else None,
+    )
+
+
 OLLAMA = register(
-    Wire("ollama", "/api/chat", ollama_body, OllamaChunks, completion_of, frozenset({"ollama"}), _path_for)
+    Wire(
+        "ollama",
+        "/api/chat",
+        ollama_body,
+        OllamaChunks,
+        completion_of,
+        frozenset({"ollama"}),
+        _path_for,
+        schema_field=lambda body, schema: body.update(format=schema),
+        image_urls=False,
+        embeddings=Embeddings("/api/embed", _embed_body, _embed_batch),
+    )
 )

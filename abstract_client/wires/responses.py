@@ -197,11 +197,10 @@ def _str(value: Any) -> str | None:
 
 class ResponseEvents:
     """Responses stream events → chunks, for one response (it numbers the tool calls and keeps
-    the response's id and the last ``sequence_number``, which a resume starts after)."""
+    the response's id, which a resume and a cancel name)."""
 
     def __init__(self, response_id: str | None = None) -> None:
         self.response_id = response_id
-        self.last_sequence: int | None = None
         self.finished = False
         self._calls: dict[Any, int] = {}  # output_index (or the item's id) → tool-call index
         self._arguments: dict[int, str] = {}  # tool-call index → the arguments text handed out
@@ -210,9 +209,6 @@ class ResponseEvents:
     def chunks(self, event: Any) -> list[StreamChunk]:
         if not isinstance(event, dict):
             raise ProviderProtocolError(f"responses stream: expected a JSON object, got {str(event)[:200]}")
-        sequence = event.get("sequence_number")
-        if isinstance(sequence, int) and not isinstance(sequence, bool):
-            self.last_sequence = sequence
         kind = event.get("type")
         if kind == "response.output_text.delta":
             self._text_seen = True
@@ -367,4 +363,16 @@ def completion_from_response(obj: Any) -> Completion:
     )
 
 
-RESPONSES = register(Wire("responses", "/responses", _body, ResponsesChunks, completion_from_response, resumes=True))
+RESPONSES = register(
+    Wire(
+        "responses",
+        "/responses",
+        _body,
+        ResponsesChunks,
+        completion_from_response,
+        resumes=True,
+        schema_field=lambda body, schema: body.update(
+            text={"format": {"type": "json_schema", "name": "answer", "schema": schema}}
+        ),
+    )
+)

@@ -17,14 +17,29 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..http.chunk_decoder import ChunkDecoder
-from ..provider import Completion
+from ..provider import Completion, EmbeddingBatch
 from ..types import GenerationRequest
 from .folds import Carry
 
-__all__ = ["V1", "WIRES", "Wire", "register"]
+__all__ = ["V1", "WIRES", "Embeddings", "Wire", "register", "response_format"]
 
 
 V1 = frozenset({"v1"})
+
+
+@dataclass(frozen=True, slots=True)
+class Embeddings:
+    """A dialect's embeddings route: its path from the server's root, its body for ``texts``
+    (with the lane's ``extra_body``), and the batch its JSON answer is."""
+
+    path: str
+    encode: Callable[[list[str], str | None, int | None, dict[str, Any]], dict[str, Any]]
+    batch: Callable[[Any], EmbeddingBatch]
+
+
+def response_format(body: dict[str, Any], schema: Any) -> None:
+    """OpenAI's ``response_format`` (chat, and ``/v1/completions`` on the servers that take it)."""
+    body["response_format"] = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +62,12 @@ class Wire:
     # how a plain call rides the dialect's stream and is folded back into its plain body
     # (``folds.py``), for the SDKs' transports: a stop then ends it at the next token
     carry: Carry | None = None
+    # where the dialect carries a JSON schema the answer must follow: (body, schema) -> None, in
+    # place (a lane's ``json_schema=`` option puts it there)
+    schema_field: Callable[[dict[str, Any], Any], None] = response_format
+    image_urls: bool = True  # the dialect takes an image by URL (False: as data only)
+    # the dialect's own embeddings route, if it has one; None: the server's ``/v1/embeddings``
+    embeddings: Embeddings | None = None
 
     def path_for(self, request: GenerationRequest) -> str:
         return self.path if self.route is None else self.route(request)
