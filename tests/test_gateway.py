@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -214,11 +215,21 @@ def test_bounded_queue_503_and_a_queued_client_that_leaves(upstream: FakeOpenAIS
             httpx.post(gw.url + CHAT, json={"model": "fake-model", "messages": HELLO}, timeout=0.2)
         # the gateway saw it leave the queue (499) before the slot frees up
         assert wait_until(lambda: gw.metric("abstract_client_gateway_requests_total", status="499") == 1)
+        # a background response meets the same queue, run by the same runner: it fails with
+        # queue_timeout and is counted as rejected, as the foreground one (#70: it was not)
+        body = {"model": "fake-model", "input": "hi", "background": True}
+        made = httpx.post(gw.url + "/v1/responses", json=body, timeout=30).json()
+
+        def status() -> Any:
+            return httpx.get(f"{gw.url}/v1/responses/{made['id']}", timeout=30).json()
+
+        assert wait_until(lambda: status()["status"] == "failed", 10), status()
+        assert status()["error"]["code"] == "queue_timeout"
         holder.close()
         last_upstream_disconnect(upstream, 1)
         assert wait_until(lambda: gw.metric("abstract_client_gateway_requests_running") == 0)
-        assert len(upstream.requests(CHAT)) == 1
-        assert gw.metric("abstract_client_gateway_queue_rejected_total") == 1
+        assert len(upstream.requests(CHAT)) == 1 and upstream.requests("/v1/responses") == []
+        assert gw.metric("abstract_client_gateway_queue_rejected_total") == 2
 
 
 def test_a_request_cancelled_while_queued_leaves_a_stop_record(upstream: FakeOpenAIServer, tmp_path: Path) -> None:
@@ -432,19 +443,16 @@ def test_a_request_stopped_before_it_starts_gives_its_slot_back(tmp_path: Path) 
     """The client left (or the request was cancelled) after its slot was free but before its
     generation started: a 499, nothing runs, and the slot is free again for the next request."""
     from abstract_client.gateway.app import create_app
-    from abstract_client.gateway.asgi import GenerationResponse
     from abstract_client.gateway.config import load_config
-    from abstract_client.gateway.state import Flight
+    from abstract_client.gateway.flight import Flight
+    from abstract_client.gateway.runner import Job
+    from abstract_client.gateway.sinks import ClientWhole
 
     path = tmp_path / "gateway.toml"
     path.write_text('[[backend]]\nname = "m"\nprovider = "openai-compatible"\nmax_concurrent = 1\n')
     gateway = create_app(load_config(path)).state.gateway
     backend = gateway.backends["m"]
-    ran: list[str] = []
-
-    async def run(flight: Flight, send: object) -> int:
-        ran.append(flight.request_id)
-        return 200
+    ran: list[object] = []
 
     async def main() -> list[int]:
         sent: list[dict[str, object]] = []
@@ -454,10 +462,10 @@ def test_a_request_stopped_before_it_starts_gives_its_slot_back(tmp_path: Path) 
 
         statuses = []
         for i in range(3):
+            job = Job("chat", backend, f"r{i}", "generate", {"messages": HELLO}, body_of=ran.append)
             flight = Flight(f"r{i}", backend, loop=asyncio.get_running_loop())
             flight.stop("cancel_endpoint")
-            response = GenerationResponse(gateway, backend, f"r{i}", "chat", run)
-            statuses.append(await response._in_slot(flight, send))
+            statuses.append(await gateway.runner._in_slot(flight, job, ClientWhole(send, flight, ran.append)))
         assert sent[0]["status"] == 499
         return statuses
 

@@ -22,8 +22,10 @@ import pytest
 
 from abstract_client.gateway import BackendConfig, GatewayConfig
 from abstract_client.gateway import generation as gateway_generation
-from abstract_client.gateway import state as gateway_state
+from abstract_client.gateway.flight import Flight
 from abstract_client.gateway.metrics import Metrics
+from abstract_client.gateway.runner import Job, Runner
+from abstract_client.gateway.sinks import ClientStream
 from abstract_client.gateway.workers import Peers
 from abstract_client.testing import FakeOpenAIServer
 from abstract_client.testing.gateway import GatewayProcess, InProcessGateway
@@ -70,18 +72,13 @@ def test_frames_written_without_a_yield_go_out_in_one_send() -> None:
 
     llm = SimpleNamespace(astream=lambda **kw: _Chunks(100))
     backend = SimpleNamespace(llm=llm, name="m")
-    flight = gateway_state.Flight("r1", backend)  # type: ignore[arg-type]
+    flight = Flight("r1", backend)  # type: ignore[arg-type]
 
     async def main() -> int:
-        return await gateway_generation.stream_generation(
-            SimpleNamespace(metrics=Metrics()),  # type: ignore[arg-type]
-            flight,
-            send,
-            {},
-            "m",
-            chat=True,
-            include_usage=False,
-        )
+        frames = gateway_generation._ChatFrames("r1", "m", chat=True, include_usage=False)
+        job = Job("chat", backend, "r1", "stream", {}, frames=frames)  # type: ignore[arg-type]
+        runner = Runner(SimpleNamespace(metrics=Metrics()))  # type: ignore[arg-type]
+        return await runner._answer(flight, job, ClientStream(send, flight, frames))
 
     assert anyio.run(main) == 200
     bodies = [m for m in sent if m["type"] == "http.response.body"]

@@ -28,7 +28,6 @@ import pytest
 from abstract_client.gateway.background import EVICTED, Background, BackgroundStore
 from abstract_client.gateway.config import BackendConfig, ConfigError, GatewayConfig
 from abstract_client.gateway.keys import Limits, NamedKey, hashed_name
-from abstract_client.gateway.metrics import Metrics
 from abstract_client.gateway.usage import UsageLog
 from abstract_client.gateway.usage_records import UsageRecord
 from abstract_client.testing import FakeOpenAIServer
@@ -449,7 +448,7 @@ def test_18_a_reader_of_an_evicted_response_is_told_and_holds_nothing(tmp_path: 
             self.id = f"resp_{n}"
 
     async def run() -> None:
-        store = BackgroundStore(config, {}, Metrics(), lambda f, e: None)
+        store = BackgroundStore(config)
         records = []
         for n in range(3):
             record = Background(_Builder(n), _Flight(), None)  # type: ignore[arg-type]

@@ -111,9 +111,9 @@ class Accounting:
         if flight.accounted:
             return
         if flight.settling:  # an in-process engine still draining: when it settled (state.py)
-            flight.unaccounted = (route, status)
+            flight.accounted_later(route, status)
             return
-        flight.accounted = True
+        flight.accounted_now()
         try:
             record = self.record_of(flight, route, status)
         except Exception:  # accounting never fails a request: a defect here is logged, loudly

@@ -1,7 +1,7 @@
 """The gateway's ASGI app: the routes wired, the lifespan, the error answers, the outermost
 middleware.
 
-Every generation runs as a :class:`~.state.Flight` (``asgi.GenerationResponse``): while it
+Every generation runs as a :class:`~.flight.Flight`, by the runner (``runner.py``): while it
 waits for a slot and while the answer is computed — streaming AND non-streaming — the client's
 disconnect (the gateway's own protocol's ``connection_lost``, its disconnect thread, or an ASGI
 ``http.disconnect``) aborts the flight's ``AbortController``. From there it is the contract's
@@ -9,8 +9,8 @@ ordinary stop: the upstream socket is severed (HTTP lanes) or the engine's flag 
 (in-process lanes), and the chain's latency (stop seen → engine stopped) goes into
 ``/metrics``. ``POST /v1/requests/{id}/cancel`` aborts the same controller.
 
-The modules: ``state.py`` (backends, flights, stop records), ``asgi.py`` (the flight's response,
-guarded sends), ``generation.py`` (the generation routes), ``routes.py`` (the others),
+The modules: ``state.py`` (backends, flights, stop records), ``runner.py`` (every request's
+run), ``sinks.py`` (where its answer goes), ``generation.py`` (the generation routes), ``routes.py`` (the others),
 ``upstreams.py`` (whether each backend can be reached: ``/health``, ``/ready``), ``body.py``
 (reading a request), ``auth.py`` (the outermost middleware), ``server.py`` (uvicorn, workers,
 signals).

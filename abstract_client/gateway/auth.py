@@ -14,9 +14,9 @@ from starlette.types import Message, Receive, Scope, Send
 
 from ..wires.chat_server import openai_error
 from ..wires.messages_server import anthropic_shape
-from .asgi import send_json
 from .body import REQUEST_ID
 from .browsers import BrowserPolicy
+from .client_writes import send_json
 from .keys import ANONYMOUS, METRICS
 
 __all__ = ["RequestIdAndAuth"]

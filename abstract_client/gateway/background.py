@@ -13,20 +13,21 @@ import re
 import time
 from array import array
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
 from ..errors import GenerationCancelledError
-from ..types import GenerateResult
+from ..types import StreamChunk
 from ..wires.chat_server import BadRequest, error_body, openai_error
 from ..wires.responses_server import ResponseBuilder, encode_event
 
 if TYPE_CHECKING:
     from .config import GatewayConfig
     from .flight import Flight
-    from .metrics import Metrics
+    from .runner import Job, Runner
 
 __all__ = [
     "EVICTED",
@@ -35,6 +36,7 @@ __all__ = [
     "Background",
     "EventLog",
     "BackgroundStore",
+    "KeptEvents",
     "ResponseRecord",
     "cancelled",
     "read_query",
@@ -186,21 +188,9 @@ class Background:
 class BackgroundStore:
     """The background responses a gateway (worker) holds, bounded in count, time and bytes."""
 
-    def __init__(
-        self,
-        config: GatewayConfig,
-        flights: dict[str, Flight],
-        metrics: Metrics,
-        stop_recorded: Callable[[Flight, GenerationCancelledError], object],
-    ) -> None:
-        """``flights`` is the gateway's own (a background response is in flight while it runs);
-        ``stop_recorded`` records a stop as the gateway records every stop."""
-        self.config, self.flights, self.metrics, self.stop_recorded = config, flights, metrics, stop_recorded
-        # the gateway's Upstreams.finished: (backend, status, error)
-        self.on_finished: Callable[[str, int, BaseException | None], None] | None = None
-        # the gateway's accounting: a response's usage when it ends, and its key's slot weight
-        self.on_ended: Callable[[Flight, str, int], None] | None = None
-        self.weight: Callable[[str], int] = lambda key: 1
+    def __init__(self, config: GatewayConfig) -> None:
+        self.config = config
+        self.runner: Runner  # the gateway's (``state.Gateway`` sets it): it runs every response
         self.items: OrderedDict[str, Background] = OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -281,84 +271,66 @@ class BackgroundStore:
             with anyio.move_on_after(10):
                 await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    def start(self, record: Background, kwargs: dict[str, Any]) -> None:
+    def start(self, record: Background, job: Job) -> None:
         self.items[record.id] = record
-        task = asyncio.get_running_loop().create_task(self._run(record, kwargs), name=f"background {record.id}")
+        task = asyncio.get_running_loop().create_task(self._run(record, job), name=f"background {record.id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _run(self, record: Background, kwargs: dict[str, Any]) -> None:
-        flight, builder = record.flight, record.builder
-        backend = flight.backend
+    async def _run(self, record: Background, job: Job) -> None:
+        """The job, run by the gateway's runner as every request is, its answer kept."""
         limit = self.config.background_max_bytes
-        self.flights[flight.call_id] = flight
-        self.metrics.started(backend.name)
-        status = 500
         try:
-            status = await self._in_slot(record, kwargs, limit)
+            await self.runner.run(record.flight, job, KeptEvents(record, limit))
         except Exception:  # never lose a background response silently
             log.exception("background response %s failed", record.id)
             if not record.done:
-                record.append(builder.failed(RuntimeError("the gateway failed this response")), limit)
+                record.append(record.builder.failed(RuntimeError("the gateway failed this response")), limit)
         finally:
-            flight.finished = True
-            self.flights.pop(flight.call_id, None)
-            self.metrics.finished(backend.name, "responses", status)
-            if self.on_ended is not None:
-                self.on_ended(flight, "responses", status)
-            if self.on_finished is not None:
-                self.on_finished(backend.name, status, flight.error)
             record.end()
             with anyio.CancelScope(shield=True):
                 await record.close()
 
-    async def _in_slot(self, record: Background, kwargs: dict[str, Any], limit: int) -> int:
-        flight, builder, backend = record.flight, record.builder, record.flight.backend
-        with anyio.CancelScope() as queued:
-            flight.queue_scope = queued
-            with anyio.move_on_after(backend.cfg.queue_timeout) as waited:
-                await backend.slots.acquire(flight.key, self.weight(flight.key))
-        flight.queue_scope = None
-        if queued.cancelled_caught:
-            stop = GenerationCancelledError(
-                f"stopped while queued ({flight.reason})", reason="user", signal_reason=flight.reason
-            )
-            self.stop_recorded(flight, stop)
-            record.append(builder.failed(stop), limit)
-            return 499
-        if waited.cancelled_caught:
-            message = f"{backend.name} is busy: no slot within {backend.cfg.queue_timeout}s"
-            record.append(builder.failed_with("queue_timeout", message), limit)
-            return 503
-        flight.admitted_at = time.perf_counter()
-        try:
-            record.append(builder.started(), limit)
-            stream = backend.llm.astream(**kwargs, signal=flight.controller.signal, request_id=flight.call_id)
-            async with stream:
-                async for chunk in stream:
-                    events = builder.chunk(chunk)
-                    if events:
-                        if flight.first_token_at is None:
-                            flight.first_token_at = time.perf_counter()
-                        record.append(events, limit)
-            result: GenerateResult = stream.result()
-            flight.answered(result.usage, self.metrics)
-            record.append(builder.finished(result), limit)
-            return 200
-        except GenerationCancelledError as err:
-            self.stop_recorded(flight, err)
-            if record.failure is not None:
-                status, code, message = record.failure
-                record.append(builder.failed_with(code, message), limit)
-                return status
-            record.append(builder.failed(err), limit)
-            return 499
-        except Exception as err:
-            flight.error = err
-            record.append(builder.failed(err), limit)
-            return error_body(err)[0]
-        finally:
-            backend.slots.release(flight.key)
+
+class KeptEvents:
+    """The sink of a background response (``sinks.Sink``): its events, made by its builder, kept
+    by its record for its readers — bounded in bytes: past ``limit`` the generation is stopped
+    and ends ``failed``."""
+
+    def __init__(self, record: Background, limit: int) -> None:
+        self.record, self.builder, self.limit = record, record.builder, limit
+
+    @asynccontextmanager
+    async def writing(self) -> AsyncIterator[None]:
+        self.record.append(self.builder.started(), self.limit)
+        yield
+
+    async def chunk(self, chunk: StreamChunk) -> bool:
+        events = self.builder.chunk(chunk)
+        if events:
+            self.record.append(events, self.limit)
+        return bool(events)
+
+    async def end(self, result: Any) -> int:
+        self.record.append(self.builder.finished(result), self.limit)
+        return 200
+
+    async def stopped(self, flight: Flight, stop: GenerationCancelledError) -> int:
+        if self.record.failure is not None:  # the gateway's own reason (its events passed the limit)
+            status, code, message = self.record.failure
+            self.record.append(self.builder.failed_with(code, message), self.limit)
+            return status
+        self.record.append(self.builder.failed(stop), self.limit)
+        return 499
+
+    async def failed(self, flight: Flight, err: Exception) -> int:
+        self.record.append(self.builder.failed(err), self.limit)
+        return error_body(err)[0]
+
+    async def refuse(self, status: int, body: dict[str, Any], headers: list[tuple[bytes, bytes]]) -> int:
+        error = body["error"]
+        self.record.append(self.builder.failed_with(error["code"], error["message"]), self.limit)
+        return status
 
 
 async def cancelled(record: Background) -> None:

@@ -1,8 +1,8 @@
 """``POST /v1/messages`` and ``POST /v1/messages/count_tokens``: Anthropic's Messages API, for
 every backend the gateway serves (Claude Code, the ``anthropic`` SDK, the agents built on them).
 
-The same flight as the chat route (``asgi.GenerationResponse``): keys, request ids, slots,
-bounds, stop records, and a client that leaves is the stop — the upstream severed, the
+The same runner as the chat route (``runner.py``): keys, request ids, slots, bounds, stop
+records, and a client that leaves is the stop — the upstream severed, the
 in-process engine's flag set. Only the wire differs (``wires/messages_server.py``)."""
 
 from __future__ import annotations
@@ -14,17 +14,16 @@ from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
-from starlette.types import Send
 
 from ..types import GenerationRequest
 from ..wires.chat_server import BadRequest
 from ..wires.messages_server import MessageFrames, anthropic_error_body, anthropic_shape, message_body, messages_args
-from .asgi import GenerationResponse
 from .body import read_json, refusal_response, request_id_of
-from .generation import stream_answer, whole_answer
+from .flight import Backend
 from .keys import ANONYMOUS
 from .limits import Refusal
-from .state import Flight, Gateway
+from .runner import Job, JobResponse
+from .state import Gateway
 
 __all__ = ["count_tokens_endpoint", "messages_endpoint"]
 
@@ -41,7 +40,7 @@ def _no_backend(model: Any) -> JSONResponse:
     return JSONResponse(body, status_code=404)
 
 
-async def _offer_tools_if_callable(flight: Flight, kwargs: dict[str, Any]) -> None:
+async def _offer_tools_if_callable(backend: Backend, request_id: str, kwargs: dict[str, Any]) -> None:
     """An agent sends its whole tool list with every turn and leaves the choice to the model
     (no ``tool_choice``: auto). On a backend whose model cannot call tools, the library refuses
     an auto choice (a typed error: it cannot be honoured); here the tools are not offered
@@ -49,14 +48,14 @@ async def _offer_tools_if_callable(flight: Flight, kwargs: dict[str, Any]) -> No
     ``tool_choice`` the client gave is left to the library (any/tool: constrained output)."""
     if not kwargs.get("tools") or "tool_choice" in kwargs:
         return
-    provider = flight.backend.llm.provider
+    provider = backend.llm.provider
     probe = GenerationRequest(messages=[], model=provider.model, tools=kwargs["tools"], tool_choice="auto")
     try:
         callable_tools = await provider.native_tools(probe)
     except Exception:  # the backend's capability could not be read: let the call say what fails
         return
     if not callable_tools:
-        log.info("%s: the model does not call tools; %d tool(s) not offered", flight.request_id, len(kwargs["tools"]))
+        log.info("%s: the model does not call tools; %d tool(s) not offered", request_id, len(kwargs["tools"]))
         del kwargs["tools"]
 
 
@@ -71,32 +70,15 @@ def messages_endpoint(gateway: Gateway) -> Callable[[Request], Awaitable[Any]]:
         if backend is None:
             return _no_backend(body.get("model"))
         model = str(body.get("model") or backend.name)
-
-        async def run(flight: Flight, send: Send) -> int:
-            await _offer_tools_if_callable(flight, kwargs)
-            if stream:
-                frames = MessageFrames(flight.request_id, model)
-                return await stream_answer(gateway, flight, send, kwargs, frames, anthropic_shape)
-
-            async def produce() -> Any:
-                result = await flight.backend.llm.agenerate(
-                    **kwargs, signal=flight.controller.signal, request_id=flight.call_id
-                )
-                flight.answered(result.usage, gateway.metrics)
-                return message_body(result, flight.request_id, model)
-
-            return await whole_answer(gateway, flight, send, produce, anthropic_shape)
-
-        return GenerationResponse(
-            gateway,
-            backend,
-            request_id_of(request),
-            "messages",
-            run,
-            anthropic_shape,
-            max_tokens=kwargs["max_tokens"],
-            prompt=kwargs,
-        )
+        request_id = request_id_of(request)
+        await _offer_tools_if_callable(backend, request_id, kwargs)
+        job = Job("messages", backend, request_id, "stream" if stream else "generate", kwargs, shape=anthropic_shape)
+        if stream:
+            job.frames = MessageFrames(request_id, model)
+        else:
+            job.body_of = lambda result: message_body(result, request_id, model)
+        job.max_tokens, job.prompt = kwargs["max_tokens"], kwargs
+        return JobResponse(gateway.runner, job)
 
     return handle
 

@@ -1,13 +1,14 @@
 """``/v1/responses``: the OpenAI Responses API in front of every backend, in-process ones included.
 
-* **Foreground** (``background`` false): a generation like chat's — the same :class:`Flight`,
-  slot and stop — whose client's disconnect stops the engine. Streamed as Responses events
-  (``wires.responses_server.ResponseBuilder``), or answered as one ``response`` object.
+* **Foreground** (``background`` false): a generation like chat's — the same runner
+  (``runner.py``), slot and stop — whose client's disconnect stops the engine. Streamed as
+  Responses events (``wires.responses_server.ResponseBuilder``), or answered as one ``response``.
 * **Background** (``background: true``): the generation belongs to the gateway, not to the
-  connection that asked for it. It runs until done or cancelled; its events are kept (numbered
-  from 0) so that any number of readers can read them — ``GET /v1/responses/{id}?stream=true
-  &starting_after=N`` — and a reader's disconnect stops only that reader.
-  ``POST /v1/responses/{id}/cancel`` stops the engine (the owner's key, or the admin's).
+  connection that asked for it: the same runner, its answer kept (``background.KeptEvents``). It
+  runs until done or cancelled; its events are kept (numbered from 0) so that any number of
+  readers can read them — ``GET /v1/responses/{id}?stream=true&starting_after=N`` — and a
+  reader's disconnect stops only that reader. ``POST /v1/responses/{id}/cancel`` stops the
+  engine (the owner's key, or the admin's).
 * **Bounded** (``GatewayConfig``): ``max_background`` held at once (then a 429, code
   ``too_many_background_responses``); a finished one is kept ``background_retention`` seconds
   (then a 404); one may hold ``background_max_bytes`` of events (then it is stopped and ends
@@ -21,7 +22,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import re
@@ -30,21 +30,19 @@ from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.types import Send
 
 from ..types import GenerateResult, StreamChunk, ToolCallDelta
 from ..wires.chat_server import BadRequest, generation_args, openai_error
 from ..wires.responses_server import ResponseBuilder, chat_body_of, encode_event, new_response_id
-from .asgi import GenerationResponse
 from .background import OWNER_END, OWNER_LOST, ResponseRecord, read_query
 from .body import error_response, no_backend, read_json, refusal_response, request_id_of, store_unavailable
-from .generation import stream_answer, whole_answer
 from .hosts import StoreUnavailable
 from .keys import ANONYMOUS
 from .limits import Refusal
 from .reader_stream import ReaderStream
 from .request_ids import scoped
-from .state import Backend, Flight, Gateway
+from .runner import Job, JobResponse
+from .state import Gateway
 from .workers import relay
 
 __all__ = ["cancel_response", "get_response", "responses_endpoint"]
@@ -67,42 +65,35 @@ def responses_endpoint(gateway: Gateway) -> Callable[[Request], Awaitable[Any]]:
         if backend is None:
             return no_backend(body.get("model"))
         model = str(body.get("model") or backend.name)
-        if background:
-            return await _start_background(gateway, request, backend, body, kwargs, model, stream)
         request_id = request_id_of(request)
+        job = Job("responses", backend, request_id, "stream" if stream or background else "generate", kwargs)
+        job.max_tokens, job.prompt = kwargs.get("max_tokens"), kwargs
+        if background:
+            return await _start_background(gateway, request, job, body, model, stream)
         builder = ResponseBuilder(f"resp_{request_id}", model, body, background=False)
-
-        async def run(flight: Flight, send: Send) -> int:
-            if stream:
-                return await stream_answer(gateway, flight, send, kwargs, _ResponseFrames(builder))
-            return await _foreground_whole(gateway, flight, send, kwargs, builder)
-
-        return GenerationResponse(
-            gateway, backend, request_id, "responses", run, max_tokens=kwargs.get("max_tokens"), prompt=kwargs
-        )
+        if stream:
+            job.frames = _ResponseFrames(builder)
+        else:
+            job.body_of = lambda result: _whole_response(builder, result)
+        return JobResponse(gateway.runner, job)
 
     return handle
 
 
 async def _start_background(
-    gateway: Gateway,
-    request: Request,
-    backend: Backend,
-    body: dict[str, Any],
-    kwargs: dict[str, Any],
-    model: str,
-    stream: bool,
+    gateway: Gateway, request: Request, job: Job, body: dict[str, Any], model: str, stream: bool
 ) -> Response | ReaderStream:
+    backend = job.backend
     try:  # the checks a foreground request meets in its call, met here before the 200 (#48)
-        backend.llm.check_call(**kwargs)
+        backend.llm.check_call(**job.kwargs)
     except (TypeError, ValueError) as err:
         return error_response(err)
-    store = gateway.background
+    store, runner = gateway.background, gateway.runner
     name = request.scope["state"].get("key_name") or ANONYMOUS
-    admitted = await gateway.accounting.admit(name, kwargs.get("max_tokens"), kwargs)  # before the 200
+    admitted = await runner.admit(job, name)  # before the 200
     if isinstance(admitted, Refusal):
-        body, headers = gateway.accounting.refused(admitted, name, backend.name, "responses", request_id_of(request))
-        return refusal_response(admitted.status, body, headers)
+        refusal, headers = gateway.accounting.refused(admitted, name, backend.name, "responses", job.request_id)
+        return refusal_response(admitted.status, refusal, headers)
     if not store.room():
         admitted.settle(0)
         message = f"this gateway holds {gateway.config.max_background} background responses (max_background)"
@@ -110,16 +101,15 @@ async def _start_background(
     prefix = f"w{gateway.peers.index}_" if gateway.peers is not None else ""
     builder = ResponseBuilder(new_response_id(prefix), model, body, background=True)
     owner = request.scope["state"].get("owner")
-    flight = Flight(builder.id, backend, write_timeout=gateway.config.write_timeout, loop=asyncio.get_running_loop())
-    flight.owner, flight.call_id = owner, scoped(builder.id, owner)
-    flight.key, flight.admission = name, admitted
+    job.request_id = builder.id
+    flight = runner.flight(job, name, admitted, owner, scoped(builder.id, owner))
     record = store.new_record(builder, flight, owner)
     try:
         await record.open()  # in the store, before its 200: any host can read it from then on
     except StoreUnavailable as exc:
         admitted.settle(0)
         return store_unavailable(exc)
-    store.start(record, kwargs)
+    store.start(record, job)
     if stream:
         return _event_stream(gateway, record, None)
     return JSONResponse(builder.response())
@@ -131,19 +121,11 @@ def _event_stream(gateway: Gateway, record: ResponseRecord, after: int | None) -
     return ReaderStream(record.follow(after), write_timeout=gateway.config.write_timeout, headers=SSE_HEADERS)
 
 
-async def _foreground_whole(
-    gateway: Gateway, flight: Flight, send: Send, kwargs: dict[str, Any], builder: ResponseBuilder
-) -> int:
-    async def produce() -> Any:
-        llm = flight.backend.llm
-        result = await llm.agenerate(**kwargs, signal=flight.controller.signal, request_id=flight.call_id)
-        flight.answered(result.usage, gateway.metrics)
-        for chunk in _result_chunks(result):
-            builder.chunk(chunk)
-        builder.finished(result)
-        return builder.response()
-
-    return await whole_answer(gateway, flight, send, produce)
+def _whole_response(builder: ResponseBuilder, result: GenerateResult) -> dict[str, Any]:
+    for chunk in _result_chunks(result):
+        builder.chunk(chunk)
+    builder.finished(result)
+    return builder.response()
 
 
 def _result_chunks(result: GenerateResult) -> list[StreamChunk]:
@@ -156,7 +138,7 @@ def _result_chunks(result: GenerateResult) -> list[StreamChunk]:
 
 
 class _ResponseFrames:
-    """The Responses API's events, for :func:`stream_answer`."""
+    """The Responses API's events, as a stream's frames (``sinks.ClientStream``)."""
 
     def __init__(self, builder: ResponseBuilder) -> None:
         self.builder = builder

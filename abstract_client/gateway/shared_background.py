@@ -17,12 +17,11 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ..errors import GenerationCancelledError
 from ..wires.responses_server import ResponseBuilder
 from .background import _CANCEL_WAIT_S, Background, BackgroundStore
 from .hosts import TERMINAL, Hosts, StoreUnavailable, error_event
@@ -30,7 +29,6 @@ from .hosts import TERMINAL, Hosts, StoreUnavailable, error_event
 if TYPE_CHECKING:
     from .config import GatewayConfig
     from .flight import Flight
-    from .metrics import Metrics
 
 __all__ = ["SharedBackground", "SharedBackgroundStore", "SharedResponse"]
 
@@ -172,15 +170,8 @@ class SharedBackgroundStore(BackgroundStore):
     """:class:`BackgroundStore` with its responses in the store: this host bounds what it runs
     and keeps (``max_background``), every host reads and cancels any of them."""
 
-    def __init__(
-        self,
-        config: GatewayConfig,
-        flights: dict[str, Flight],
-        metrics: Metrics,
-        stop_recorded: Callable[[Flight, GenerationCancelledError], object],
-        hosts: Hosts,
-    ) -> None:
-        super().__init__(config, flights, metrics, stop_recorded)
+    def __init__(self, config: GatewayConfig, hosts: Hosts) -> None:
+        super().__init__(config)
         self.hosts = hosts
         hosts.on_cancel_response = self._cancel_here
 

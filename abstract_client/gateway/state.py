@@ -19,6 +19,7 @@ from .config import GatewayConfig
 from .flight import Backend, Flight
 from .hosts import Hosts, StoreUnavailable
 from .metrics import Metrics
+from .runner import Runner
 from .spawn import spawn_on
 from .upstreams import Upstreams
 from .workers import Peers, answer_op
@@ -47,18 +48,17 @@ class Gateway:
         self.hosts: Hosts | None = None
         self._spawned: set[asyncio.Task[None]] = set()
         # the background responses this worker runs
+        self.runner = Runner(self)  # every request, foreground or background, runs there
         self.background: BackgroundStore
         if config.store is None:
-            self.background = BackgroundStore(config, self.flights, self.metrics, self.stop_recorded)
+            self.background = BackgroundStore(config)
         else:
             from .shared_background import SharedBackgroundStore  # the `redis` extra
 
             self.hosts = Hosts(config)
             self.hosts.on_op = lambda words: answer_op(self, words)
-            self.background = SharedBackgroundStore(config, self.flights, self.metrics, self.stop_recorded, self.hosts)
-        self.background.on_finished = self.upstreams.finished
-        self.background.on_ended = self.accounting.account
-        self.background.weight = self.accounting.weight
+            self.background = SharedBackgroundStore(config, self.hosts)
+        self.background.runner = self.runner
 
     def backend_for(self, model: Any, *, exact: bool = False) -> Backend | None:
         """The backend serving ``model``. A generation on a one-backend gateway reaches it by
@@ -138,7 +138,7 @@ class Gateway:
         sampled after) and published once it has settled — on the loop, a moment later (the
         chat page polls ``GET /v1/requests/{id}`` for it)."""
         released = time.perf_counter()
-        flight.stop_error = err  # what it cost up to the stop (accounting.py)
+        flight.stopped_with(err)  # what it cost up to the stop (accounting.py)
         record: dict[str, Any] = {
             "request_id": flight.request_id,
             "owner": flight.owner,
@@ -152,7 +152,7 @@ class Gateway:
         if engine is None:  # over HTTP the engine stopped when its connection was severed: now
             self._engine_stopped(flight, record, released, None)
             return
-        flight.settling = True  # its usage is the engine's, once it settled (accounting.py)
+        flight.settle_later()  # its usage is the engine's, once it settled (accounting.py)
         loop = self.loop
         if loop is None:
             engine.when_settled(lambda: self._engine_stopped(flight, record, released, engine))
@@ -177,7 +177,7 @@ class Gateway:
         if engine is not None and engine.tokens_at_stop is not None:
             record["tokens_after_stop"] = engine.tokens - engine.tokens_at_stop
         if engine is not None:
-            flight.engine_usage, flight.settling = engine.usage_at_stop(), False
+            flight.settled(engine.usage_at_stop())
             if flight.unaccounted is not None:  # its request ended first: accounted now, exactly
                 self.accounting.account(flight, *flight.unaccounted)
         self.stop_records[flight.call_id] = record  # published complete (GET /v1/requests/{id})
