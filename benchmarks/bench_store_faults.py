@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _tables import print_table
 
 from abstract_client.gateway.config import BackendConfig, GatewayConfig
-from abstract_client.gateway.hosts import Hosts
+from abstract_client.gateway.hosts.store import Hosts
 from tests.network_servers import BlackholingProxy
 from tests.test_gateway_hosts import RedisServer, fill_running
 

@@ -480,7 +480,7 @@ def test_a_body_parsed_in_pieces_is_what_json_loads_reads(
 ) -> None:
     import json
 
-    from abstract_client.gateway.json_parse import parse_in_pieces, structure
+    from abstract_client.gateway.http.json_parse import parse_in_pieces, structure
 
     text = json.dumps(value, indent=indent, ensure_ascii=ascii_)
     _, spans = structure(text, chunk)
@@ -497,7 +497,7 @@ def test_a_body_parsed_in_pieces_is_what_json_loads_reads(
 def test_text_that_is_not_json_fails_in_pieces_as_it_fails_json_loads(text: str, chunk: int) -> None:
     import json
 
-    from abstract_client.gateway.json_parse import parse_in_pieces, structure
+    from abstract_client.gateway.http.json_parse import parse_in_pieces, structure
 
     try:
         expected: Any = json.loads(text)
@@ -517,7 +517,7 @@ def test_no_piece_of_a_large_body_is_longer_than_a_chunk(monkeypatch: pytest.Mon
     one call of 350-630 ms before."""
     import json
 
-    from abstract_client.gateway import json_parse
+    from abstract_client.gateway.http import json_parse
 
     chunk = 1000
     calls: list[int] = []
@@ -561,7 +561,7 @@ def test_no_piece_of_a_large_body_is_longer_than_a_chunk(monkeypatch: pytest.Mon
 def test_a_body_with_too_many_values_is_refused_before_any_is_made() -> None:
     import json
 
-    from abstract_client.gateway.json_parse import TooManyValues, structure
+    from abstract_client.gateway.http.json_parse import TooManyValues, structure
 
     text = json.dumps({"tools": [{"name": "t"}] * 10})
     structure(text, 8, max_values=33)  # 10 x {"name": "t"}: 30; the array, "tools", the body: 3

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from abstract_client.gateway import BackendConfig, GatewayConfig
-from abstract_client.gateway.browsers import BrowserPolicy
+from abstract_client.gateway.http.browsers import BrowserPolicy
 from abstract_client.testing import FakeOpenAIServer
 from abstract_client.testing.gateway import InProcessGateway
 

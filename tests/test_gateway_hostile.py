@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from abstract_client.gateway import BackendConfig, GatewayConfig
-from abstract_client.gateway.body import MAX_JSON_DEPTH, json_depth
+from abstract_client.gateway.http.reading import MAX_JSON_DEPTH, json_depth
 from abstract_client.testing import FakeOpenAIServer
 from abstract_client.testing.gateway import InProcessGateway
 

@@ -409,7 +409,7 @@ def store(tmp_path: Path) -> Iterator[RedisServer]:
 
 def _hosts(url: str) -> Any:
     from abstract_client.gateway.config import BackendConfig, GatewayConfig
-    from abstract_client.gateway.hosts import Hosts
+    from abstract_client.gateway.hosts.store import Hosts
 
     backend = BackendConfig(name="m", provider="vllm", base_url="http://127.0.0.1:1")
     return Hosts(GatewayConfig(backends=[backend], store=url, host_lease=LEASE, store_timeout=1.0))
@@ -447,7 +447,7 @@ async def test_an_append_is_idempotent_fenced_and_carries_a_cancel(store: RedisS
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_store_that_hangs_is_unavailable_within_its_timeout(store: RedisServer) -> None:
-    from abstract_client.gateway.hosts import StoreUnavailable
+    from abstract_client.gateway.hosts.store import StoreUnavailable
 
     hosts = _hosts(store.url)
     await hosts.start()

@@ -338,7 +338,7 @@ def test_a_half_close_stops_the_request_on_the_loop_without_the_disconnect_threa
     """The loop's own path for a half-close (the protocol's ``eof_received``), as
     ``connection_lost`` is for a close: with the departure thread away, a half-closed client
     still gets the stop, not its whole answer."""
-    from abstract_client.gateway import departures
+    from abstract_client.gateway.http import departures
 
     monkeypatch.setattr(departures, "departure_thread", lambda: None)
     upstream.behavior.token_delay = 0.05

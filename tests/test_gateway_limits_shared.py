@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from abstract_client.gateway.config import BackendConfig, GatewayConfig
-from abstract_client.gateway.keys import Limits, NamedKey
+from abstract_client.gateway.team.keys import Limits, NamedKey
 from abstract_client.testing import FakeOpenAIServer
 from abstract_client.testing.gateway import InProcessGateway, metric_value
 

@@ -21,12 +21,12 @@ import httpx
 import pytest
 
 from abstract_client.gateway import BackendConfig, GatewayConfig
-from abstract_client.gateway import generation as gateway_generation
 from abstract_client.gateway.flight import Flight
+from abstract_client.gateway.hosts.workers import Peers
 from abstract_client.gateway.metrics import Metrics
+from abstract_client.gateway.routes import chat as gateway_generation
 from abstract_client.gateway.runner import Job, Runner
 from abstract_client.gateway.sinks import ClientStream
-from abstract_client.gateway.workers import Peers
 from abstract_client.testing import FakeOpenAIServer
 from abstract_client.testing.gateway import GatewayProcess, InProcessGateway
 from abstract_client.types import StreamChunk, ToolCallDelta
@@ -128,8 +128,8 @@ def _wait_for_the_disconnect_stop(gw: InProcessGateway) -> None:
 def test_the_disconnect_stops_the_flight_in_connection_lost(monkeypatch: pytest.MonkeyPatch) -> None:
     """With the ASGI disconnect watcher disabled, a client that closes its socket still stops
     the upstream: the protocol's ``connection_lost`` stops the flight itself."""
-    from abstract_client.gateway import departures
-    from abstract_client.gateway.protocol import GatewayProtocol
+    from abstract_client.gateway.http import departures
+    from abstract_client.gateway.http.protocol import GatewayProtocol
 
     async def never(receive: Any, watch: Any) -> None:
         await anyio.sleep_forever()
@@ -175,7 +175,7 @@ def test_a_disconnect_severs_the_upstream_while_the_loop_is_busy() -> None:
 
 
 def test_a_finished_request_is_no_longer_watched_and_a_late_close_stops_nothing() -> None:
-    from abstract_client.gateway.departures import departure_thread as watcher
+    from abstract_client.gateway.http.departures import departure_thread as watcher
 
     with FakeOpenAIServer(token_delay=0.0) as up:
         backend = BackendConfig(name="m", provider="openai-compatible", model="fake-model", base_url=up.base_url)
@@ -244,7 +244,7 @@ def test_a_departure_never_stops_the_request_that_took_its_fd_number(
     out the lowest free one. The late event must not stop the next request (it did: a 499 to a
     client that was there), nor may the first request's cleanup unregister the next one's watch;
     the next client's own departure still stops its request."""
-    from abstract_client.gateway.departures import ClientWatch, DepartureThread, Registration
+    from abstract_client.gateway.http.departures import ClientWatch, DepartureThread, Registration
 
     epoll = _HeldEpoll()
     with monkeypatch.context() as patch:

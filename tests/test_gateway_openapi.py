@@ -55,7 +55,7 @@ def test_the_guides_endpoints_table_is_the_document() -> None:
     import re
     from pathlib import Path
 
-    from abstract_client.gateway.openapi import openapi_document
+    from abstract_client.gateway.routes.openapi import openapi_document
 
     guide = (Path(__file__).resolve().parent.parent / "docs" / "gateway.md").read_text()
     table = guide.split("| route | what |", 1)[1].split("\n\n", 1)[0]

@@ -203,7 +203,7 @@ def test_a_body_with_far_too_many_messages_is_refused_before_it_is_parsed(
     """#48: parsing 1M messages (28 MiB) held the worker's event loop for most of a second even
     on a thread (``json.loads`` holds the GIL); a count of the body's ``"role"`` keys refuses it
     first."""
-    from abstract_client.gateway import body as gateway_body
+    from abstract_client.gateway.http import reading as gateway_body
 
     read: list[int] = []
     real = gateway_body.json_depth

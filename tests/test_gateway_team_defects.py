@@ -27,9 +27,9 @@ import pytest
 
 from abstract_client.gateway.background import EVICTED, Background, BackgroundStore
 from abstract_client.gateway.config import BackendConfig, ConfigError, GatewayConfig
-from abstract_client.gateway.keys import Limits, NamedKey, hashed_name
-from abstract_client.gateway.usage import UsageLog
-from abstract_client.gateway.usage_records import UsageRecord
+from abstract_client.gateway.team.keys import Limits, NamedKey, hashed_name
+from abstract_client.gateway.team.usage import UsageLog
+from abstract_client.gateway.team.usage_records import UsageRecord
 from abstract_client.testing import FakeOpenAIServer
 from abstract_client.testing.gateway import InProcessGateway, metric_value
 
@@ -343,7 +343,7 @@ def _serve(args: list[str]) -> subprocess.CompletedProcess[str]:
 def test_11_a_usage_database_that_cannot_be_written_is_refused_at_start(tmp_path: Path) -> None:
     """A file that opens read-only (SQLite then takes BEGIN IMMEDIATE, and fails only when it
     writes): as a user without write permission sees it, through ``mode=ro``."""
-    import abstract_client.gateway.usage_stores as usage_module
+    import abstract_client.gateway.team.usage_stores as usage_module
 
     data = tmp_path / "data"
     data.mkdir()

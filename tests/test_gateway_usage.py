@@ -27,10 +27,10 @@ import openai
 import pytest
 
 from abstract_client.gateway.config import BackendConfig, ConfigError, GatewayConfig, load_config
-from abstract_client.gateway.fair import FairSlots
-from abstract_client.gateway.keys import Limits, NamedKey
-from abstract_client.gateway.usage import UsageLog
-from abstract_client.gateway.usage_records import UsageRecord
+from abstract_client.gateway.team.fair import FairSlots
+from abstract_client.gateway.team.keys import Limits, NamedKey
+from abstract_client.gateway.team.usage import UsageLog
+from abstract_client.gateway.team.usage_records import UsageRecord
 from abstract_client.testing import FakeOpenAIServer
 from abstract_client.testing.gateway import InProcessGateway, metric_value
 

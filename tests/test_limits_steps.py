@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from abstract_client.gateway.keys import Limits
-from abstract_client.gateway.limit_steps import admit_step, fresh_state, release_step, renew_step, sane
-from abstract_client.gateway.limit_stores import MemoryLimits, RedisLimits, SQLiteLimits
-from abstract_client.gateway.limits import DEFAULT_RESERVE, Admission, Limiter, Refusal, prompt_bound
+from abstract_client.gateway.team.keys import Limits
+from abstract_client.gateway.team.limit_steps import admit_step, fresh_state, release_step, renew_step, sane
+from abstract_client.gateway.team.limit_stores import MemoryLimits, RedisLimits, SQLiteLimits
+from abstract_client.gateway.team.limits import DEFAULT_RESERVE, Admission, Limiter, Refusal, prompt_bound
 
 from .helpers import needs_module
 from .test_gateway_hosts import RedisServer

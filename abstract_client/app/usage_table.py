@@ -16,8 +16,8 @@ _HEADINGS = ("day", "key", "model", "outcome", "requests", "prompt", "cached", "
 
 
 def usage_command(args: argparse.Namespace) -> int:
-    from ..gateway.usage_records import day_of, usage_file
-    from ..gateway.usage_stores import open_for_reading, usage_rows
+    from ..gateway.team.usage_records import day_of, usage_file
+    from ..gateway.team.usage_stores import open_for_reading, usage_rows
 
     try:
         days = {name: day_of(name, getattr(args, name)) for name in ("start", "end") if getattr(args, name)}

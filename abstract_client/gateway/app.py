@@ -29,15 +29,15 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..wires.chat_server import openai_error
-from . import routes
-from .auth import RequestIdAndAuth
-from .browsers import BrowserPolicy
 from .config import GatewayConfig
-from .generation import embeddings_endpoint, generation_endpoint
-from .messages import count_tokens_endpoint, messages_endpoint
-from .responses import cancel_response, get_response, responses_endpoint
-from .state import Gateway
-from .workers import Peers
+from .gateway import Gateway
+from .hosts.workers import Peers
+from .http.auth import RequestIdAndAuth
+from .http.browsers import BrowserPolicy
+from .routes import service as routes
+from .routes.chat import embeddings_endpoint, generation_endpoint
+from .routes.messages import count_tokens_endpoint, messages_endpoint
+from .routes.responses import cancel_response, get_response, responses_endpoint
 
 __all__ = ["create_app"]
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .keys import ADMIN, Limits, NamedKey, hashed_name, name_problem, parse_limits
+from .team.keys import ADMIN, Limits, NamedKey, hashed_name, name_problem, parse_limits
 
 __all__ = ["BackendConfig", "ConfigError", "GatewayConfig", "key_from_env", "load_config"]
 

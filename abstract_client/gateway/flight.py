@@ -17,9 +17,9 @@ from ..registry import create_llm
 from ..stopping.abort import AbortController
 from ..types import Usage
 from .config import BackendConfig, ConfigError
-from .fair import FairSlots
-from .keys import ANONYMOUS
-from .limits import Admission
+from .team.fair import FairSlots
+from .team.keys import ANONYMOUS
+from .team.limits import Admission
 
 __all__ = ["Backend", "Flight"]
 

@@ -24,17 +24,17 @@ from starlette.types import Message, Receive, Scope, Send
 from .. import telemetry
 from ..errors import GenerationCancelledError, StopReason
 from ..wires.chat_server import Shape, as_written, error_body, openai_error
-from .client_writes import send_json
-from .departures import watch_client
 from .flight import Backend, Flight
-from .keys import ANONYMOUS
-from .limits import Admission, Refusal
+from .http.client_writes import send_json
+from .http.departures import watch_client
+from .http.stall import UnsentWatch
 from .request_ids import scoped
 from .sinks import ClientStream, ClientWhole, Sink, StreamFrames
-from .stall import UnsentWatch
+from .team.keys import ANONYMOUS
+from .team.limits import Admission, Refusal
 
 if TYPE_CHECKING:
-    from .state import Gateway
+    from .gateway import Gateway
 
 __all__ = ["Job", "JobResponse", "Runner"]
 

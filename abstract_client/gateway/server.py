@@ -10,9 +10,9 @@ from typing import Any
 from ..registry import runs_in_process
 from .app import create_app
 from .config import ConfigError, GatewayConfig
-from .protocol import protocol_class
-from .state import Backend, Gateway
-from .workers import Peers, run_workers
+from .gateway import Backend, Gateway
+from .hosts.workers import Peers, run_workers
+from .http.protocol import protocol_class
 
 __all__ = ["serve", "uvicorn_config"]
 
@@ -50,8 +50,8 @@ def check_usage_store(config: GatewayConfig) -> None:
     """The usage database can be written (else a :class:`ConfigError`, said before serving)."""
     if not config.usage or config.store is not None:  # a shared store may come up after this host
         return
-    from .usage_records import UsageUnwritable, usage_file
-    from .usage_stores import SQLiteUsage
+    from .team.usage_records import UsageUnwritable, usage_file
+    from .team.usage_stores import SQLiteUsage
 
     try:
         SQLiteUsage(usage_file(config.data_dir)).close()

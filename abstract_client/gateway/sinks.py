@@ -20,9 +20,9 @@ from starlette.types import Send
 from ..errors import GenerationCancelledError
 from ..types import GenerateResult, StreamChunk
 from ..wires.chat_server import Shape, as_written, error_body, error_headers, shaped_error
-from .client_writes import guarded_send, guarded_send_json, send_json
 from .flight import Flight
-from .sse_writer import FrameWriter
+from .http.client_writes import guarded_send, guarded_send_json, send_json
+from .http.frame_writer import FrameWriter
 
 __all__ = ["ClientStream", "ClientWhole", "Sink", "StreamFrames"]
 

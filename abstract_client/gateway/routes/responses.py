@@ -31,19 +31,20 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ..types import GenerateResult, StreamChunk, ToolCallDelta
-from ..wires.chat_server import BadRequest, generation_args, openai_error
-from ..wires.responses_server import ResponseBuilder, chat_body_of, encode_event, new_response_id
-from .background import OWNER_END, OWNER_LOST, ResponseRecord, read_query
-from .body import error_response, no_backend, read_json, refusal_response, request_id_of, store_unavailable
-from .hosts import StoreUnavailable
-from .keys import ANONYMOUS
-from .limits import Refusal
-from .reader_stream import ReaderStream
-from .request_ids import scoped
-from .runner import Job, JobResponse
-from .state import Gateway
-from .workers import relay
+from ...types import GenerateResult, StreamChunk, ToolCallDelta
+from ...wires.chat_server import BadRequest, generation_args, openai_error
+from ...wires.responses_server import ResponseBuilder, chat_body_of, encode_event, new_response_id
+from ..background import OWNER_END, OWNER_LOST, ResponseRecord, read_query
+from ..gateway import Gateway
+from ..hosts.store import StoreUnavailable
+from ..hosts.workers import relay
+from ..http.error_answers import error_response, no_backend, refusal_response, store_unavailable
+from ..http.reader_stream import ReaderStream
+from ..http.reading import read_json, request_id_of
+from ..request_ids import scoped
+from ..runner import Job, JobResponse
+from ..team.keys import ANONYMOUS
+from ..team.limits import Refusal
 
 __all__ = ["cancel_response", "get_response", "responses_endpoint"]
 

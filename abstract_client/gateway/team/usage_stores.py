@@ -156,7 +156,7 @@ class RedisUsage:
             from redis.exceptions import RedisError
         except ImportError:
             raise UsageUnwritable("--store needs redis-py: pip install 'abstract-client[redis]'") from None
-        from .hosts import _without_password
+        from ..hosts.store import _without_password
 
         self.errors: tuple[type[Exception], ...] = (RedisError, OSError)
         self.where = _without_password(url)

@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ..wires.responses_server import ResponseBuilder
-from .background import _CANCEL_WAIT_S, Background, BackgroundStore
-from .hosts import TERMINAL, Hosts, StoreUnavailable, error_event
+from ...wires.responses_server import ResponseBuilder
+from ..background import _CANCEL_WAIT_S, Background, BackgroundStore
+from .store import TERMINAL, Hosts, StoreUnavailable, error_event
 
 if TYPE_CHECKING:
-    from .config import GatewayConfig
-    from .flight import Flight
+    from ..config import GatewayConfig
+    from ..flight import Flight
 
 __all__ = ["SharedBackground", "SharedBackgroundStore", "SharedResponse"]
 

@@ -15,14 +15,15 @@ import anyio
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 
-from ..fleet import Fleet
-from ..wires.chat_server import BadRequest, openai_error
-from .body import REQUEST_ID, error_response, no_backend, read_json, store_unavailable
-from .hosts import StoreUnavailable
+from ...fleet import Fleet
+from ...wires.chat_server import BadRequest, openai_error
+from ..gateway import Gateway
+from ..hosts.store import StoreUnavailable
+from ..http.error_answers import error_response, no_backend, store_unavailable
+from ..http.reading import REQUEST_ID, read_json
+from ..request_ids import flights_named, scoped
+from ..team.usage_records import day_of
 from .openapi import openapi_document
-from .request_ids import flights_named, scoped
-from .state import Gateway
-from .usage_records import day_of
 
 __all__ = [
     "CHAT_PAGE",

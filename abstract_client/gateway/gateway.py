@@ -13,16 +13,16 @@ from typing import Any
 
 from ..errors import GenerationCancelledError
 from ..provider import engine_record
-from .accounting import Accounting
 from .background import BackgroundStore
 from .config import GatewayConfig
 from .flight import Backend, Flight
-from .hosts import Hosts, StoreUnavailable
+from .hosts.store import Hosts, StoreUnavailable
+from .hosts.workers import Peers, answer_op
 from .metrics import Metrics
 from .runner import Runner
 from .spawn import spawn_on
+from .team.accounting import Accounting
 from .upstreams import Upstreams
-from .workers import Peers, answer_op
 
 __all__ = ["Backend", "Flight", "Gateway"]
 
@@ -53,7 +53,7 @@ class Gateway:
         if config.store is None:
             self.background = BackgroundStore(config)
         else:
-            from .shared_background import SharedBackgroundStore  # the `redis` extra
+            from .hosts.shared_background import SharedBackgroundStore  # the `redis` extra
 
             self.hosts = Hosts(config)
             self.hosts.on_op = lambda words: answer_op(self, words)

@@ -19,9 +19,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import AbstractClientError
-from ..wires.chat_server import openai_error
-from .config import ConfigError, GatewayConfig
+from ...errors import AbstractClientError
+from ...wires.chat_server import openai_error
+from ..config import ConfigError, GatewayConfig
 from .keys import ANONYMOUS
 from .limit_stores import LimitStore, MemoryLimits, SQLiteLimits
 from .limits import MAX_TOKENS, UNLIMITED, Admission, Limiter, Refusal, period_bounds, prompt_bound
@@ -29,7 +29,7 @@ from .usage import UsageLog
 from .usage_records import UsageRecord, UsageUnwritable, usage_file
 
 if TYPE_CHECKING:
-    from .flight import Flight
+    from ..flight import Flight
 
 __all__ = ["Accounting"]
 
@@ -248,7 +248,7 @@ class Accounting:
     def families(self, *, per_key: bool = True) -> list[Any]:
         from prometheus_client.core import CounterMetricFamily
 
-        from .metrics import PREFIX
+        from ..metrics import PREFIX
 
         requests = CounterMetricFamily(
             f"{PREFIX}_key_requests", "Requests per key, model and outcome", labels=["key", "model", "outcome"]

@@ -33,7 +33,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-from .request_ids import flights_named
+from ..request_ids import flights_named
 
 __all__ = ["Peers", "answer_op", "relay", "run_workers"]
 

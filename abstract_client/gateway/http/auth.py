@@ -12,12 +12,12 @@ import anyio
 from starlette.applications import Starlette
 from starlette.types import Message, Receive, Scope, Send
 
-from ..wires.chat_server import openai_error
-from ..wires.messages_server import anthropic_shape
-from .body import REQUEST_ID
+from ...wires.chat_server import openai_error
+from ...wires.messages_server import anthropic_shape
+from ..team.keys import ANONYMOUS, METRICS
 from .browsers import BrowserPolicy
 from .client_writes import send_json
-from .keys import ANONYMOUS, METRICS
+from .reading import REQUEST_ID
 
 __all__ = ["RequestIdAndAuth"]
 

@@ -43,9 +43,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..spawn import spawn_on
 from .keys import Limits
 from .limit_stores import LimitStore, MemoryLimits
-from .spawn import spawn_on
 
 __all__ = [
     "DEFAULT_RESERVE",

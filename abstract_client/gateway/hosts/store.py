@@ -46,8 +46,8 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from ..wires.responses_server import encode_event
-from .config import ConfigError, GatewayConfig
+from ...wires.responses_server import encode_event
+from ..config import ConfigError, GatewayConfig
 
 __all__ = ["TERMINAL", "Hosts", "StoreUnavailable", "error_event"]
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._validate import MAX_DIMENSIONS, MAX_TOKENS_LIMIT
-from ..wires.messages_server import MAX_STOP_SEQUENCE_CHARS, MAX_STOP_SEQUENCES
+from ..._validate import MAX_DIMENSIONS, MAX_TOKENS_LIMIT
+from ...wires.messages_server import MAX_STOP_SEQUENCE_CHARS, MAX_STOP_SEQUENCES
 
 __all__ = ["openapi_document"]
 

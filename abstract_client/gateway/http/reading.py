@@ -1,5 +1,5 @@
 """Reading a request: its id (set by the outermost middleware) and its JSON body, whose depth is
-checked before it is parsed (the parser is recursive); the error answers every route shares."""
+checked before it is parsed (the parser is recursive)."""
 
 from __future__ import annotations
 
@@ -9,21 +9,11 @@ from typing import Any
 
 import anyio
 from starlette.requests import Request
-from starlette.responses import JSONResponse
 
-from ..wires.chat_server import MAX_MESSAGES, BadRequest, Shape, as_written, error_body, openai_error
+from ...wires.chat_server import MAX_MESSAGES, BadRequest
 from .json_parse import CHUNK, TooManyValues, parse_in_pieces, structure
 
-__all__ = [
-    "MAX_JSON_DEPTH",
-    "REQUEST_ID",
-    "error_response",
-    "json_depth",
-    "no_backend",
-    "parse_json",
-    "read_json",
-    "request_id_of",
-]
+__all__ = ["MAX_JSON_DEPTH", "REQUEST_ID", "json_depth", "parse_json", "read_json", "request_id_of"]
 
 REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")  # what an X-Request-Id may be
 
@@ -102,31 +92,3 @@ def json_depth(raw: bytes) -> int:
         else:
             depth -= 1
     return deepest
-
-
-def no_backend(model: Any) -> JSONResponse:
-    return JSONResponse(
-        openai_error(f"no backend serves model {model!r}", "invalid_request_error", "model_not_found"), 404
-    )
-
-
-def error_response(err: BaseException) -> JSONResponse:
-    status, body = error_body(err)
-    return JSONResponse(body, status_code=status)
-
-
-def refusal_response(
-    status: int, body: Any, headers: list[tuple[bytes, bytes]], shape: Shape = as_written
-) -> JSONResponse:
-    """A key's limit refusing a request (``Accounting.refused``'s body and headers), in the
-    route's ``shape``, for a route that answers with a Starlette response."""
-    return JSONResponse(shape(status, body), status, headers={k.decode(): v.decode() for k, v in headers})
-
-
-def store_unavailable(
-    exc: Exception, what: str = "the store shared by the gateway hosts", code: str = "store_unavailable"
-) -> JSONResponse:
-    """A 503 for what needs a store (by default the one several hosts share: ``hosts.py``) while
-    it does not answer; the client may try again (``Retry-After``)."""
-    body = openai_error(f"{what} is unavailable ({exc})", "unavailable_error", code)
-    return JSONResponse(body, status_code=503, headers={"retry-after": "1"})

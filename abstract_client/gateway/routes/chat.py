@@ -10,8 +10,8 @@ from typing import Any
 
 from starlette.requests import Request
 
-from ..types import GenerateResult, StreamChunk
-from ..wires.chat_server import (
+from ...types import GenerateResult, StreamChunk
+from ...wires.chat_server import (
     BadRequest,
     FrameEncoder,
     chat_completion,
@@ -22,9 +22,10 @@ from ..wires.chat_server import (
     text_completion,
     usage_frame,
 )
-from .body import error_response, no_backend, read_json, request_id_of
-from .runner import Job, JobResponse
-from .state import Gateway
+from ..gateway import Gateway
+from ..http.error_answers import error_response, no_backend
+from ..http.reading import read_json, request_id_of
+from ..runner import Job, JobResponse
 
 __all__ = ["embeddings_endpoint", "generation_endpoint"]
 

@@ -9,7 +9,7 @@ from typing import Any
 import anyio
 from starlette.types import Message, Send
 
-from .flight import Flight
+from ..flight import Flight
 
 __all__ = ["guarded_send", "guarded_send_json", "json_messages", "send_json"]
 

@@ -15,29 +15,20 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from ..types import GenerationRequest
-from ..wires.chat_server import BadRequest
-from ..wires.messages_server import MessageFrames, anthropic_error_body, anthropic_shape, message_body, messages_args
-from .body import read_json, refusal_response, request_id_of
-from .flight import Backend
-from .keys import ANONYMOUS
-from .limits import Refusal
-from .runner import Job, JobResponse
-from .state import Gateway
+from ...types import GenerationRequest
+from ...wires.chat_server import BadRequest
+from ...wires.messages_server import MessageFrames, anthropic_shape, message_body, messages_args
+from ..flight import Backend
+from ..gateway import Gateway
+from ..http.error_answers import anthropic_error_response, anthropic_no_backend, refusal_response
+from ..http.reading import read_json, request_id_of
+from ..runner import Job, JobResponse
+from ..team.keys import ANONYMOUS
+from ..team.limits import Refusal
 
 __all__ = ["count_tokens_endpoint", "messages_endpoint"]
 
 log = logging.getLogger(__name__)
-
-
-def _refused(err: BaseException) -> JSONResponse:
-    status, body = anthropic_error_body(err)
-    return JSONResponse(body, status_code=status)
-
-
-def _no_backend(model: Any) -> JSONResponse:
-    body = {"type": "error", "error": {"type": "not_found_error", "message": f"no backend serves model {model!r}"}}
-    return JSONResponse(body, status_code=404)
 
 
 async def _offer_tools_if_callable(backend: Backend, request_id: str, kwargs: dict[str, Any]) -> None:
@@ -65,10 +56,10 @@ def messages_endpoint(gateway: Gateway) -> Callable[[Request], Awaitable[Any]]:
             body = await read_json(request)
             kwargs, stream = messages_args(body)
         except BadRequest as err:
-            return _refused(err)
+            return anthropic_error_response(err)
         backend = gateway.backend_for(body.get("model"))
         if backend is None:
-            return _no_backend(body.get("model"))
+            return anthropic_no_backend(body.get("model"))
         model = str(body.get("model") or backend.name)
         request_id = request_id_of(request)
         await _offer_tools_if_callable(backend, request_id, kwargs)
@@ -89,10 +80,10 @@ def count_tokens_endpoint(gateway: Gateway) -> Callable[[Request], Awaitable[Any
             body = await read_json(request)
             kwargs, _ = messages_args(body, count_only=True)
         except BadRequest as err:
-            return _refused(err)
+            return anthropic_error_response(err)
         backend = gateway.backend_for(body.get("model"))
         if backend is None:
-            return _no_backend(body.get("model"))
+            return anthropic_no_backend(body.get("model"))
         # within the key's concurrency and requests per minute (a count costs no tokens), and on
         # its record
         name, started = request.scope["state"].get("key_name") or ANONYMOUS, time.time()
@@ -106,7 +97,7 @@ def count_tokens_endpoint(gateway: Gateway) -> Callable[[Request], Awaitable[Any
             count = await backend.llm.acount_tokens(messages=kwargs["messages"], timeout=30.0)
         except Exception as err:  # a lane without a tokenizer route: 400 not supported
             failed = err
-            return _refused(err)
+            return anthropic_error_response(err)
         finally:
             admitted.settle(0)
             gateway.accounting.counted(name, backend.name, request_id, started, failed)

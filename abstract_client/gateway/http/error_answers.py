@@ -1,0 +1,61 @@
+"""The gateway's error answers, in the shape of the route that gives them: OpenAI's error body
+(``wires.chat_server``) for every route but the Messages one, whose clients read Anthropic's
+(``wires.messages_server``). A route that answers with a Starlette response takes them from
+here; the runner's own refusals go through the route's ``shape`` (``runner.Job.shape``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.responses import JSONResponse
+
+from ...wires.chat_server import Shape, as_written, error_body, openai_error
+from ...wires.messages_server import anthropic_error_body
+
+__all__ = [
+    "anthropic_error_response",
+    "anthropic_no_backend",
+    "error_response",
+    "no_backend",
+    "refusal_response",
+    "store_unavailable",
+]
+
+
+def no_backend(model: Any) -> JSONResponse:
+    return JSONResponse(
+        openai_error(f"no backend serves model {model!r}", "invalid_request_error", "model_not_found"), 404
+    )
+
+
+def error_response(err: BaseException) -> JSONResponse:
+    status, body = error_body(err)
+    return JSONResponse(body, status_code=status)
+
+
+def refusal_response(
+    status: int, body: Any, headers: list[tuple[bytes, bytes]], shape: Shape = as_written
+) -> JSONResponse:
+    """A key's limit refusing a request (``Accounting.refused``'s body and headers), in the
+    route's ``shape``, for a route that answers with a Starlette response."""
+    return JSONResponse(shape(status, body), status, headers={k.decode(): v.decode() for k, v in headers})
+
+
+def store_unavailable(
+    exc: Exception, what: str = "the store shared by the gateway hosts", code: str = "store_unavailable"
+) -> JSONResponse:
+    """A 503 for what needs a store (by default the one several hosts share: ``hosts.py``) while
+    it does not answer; the client may try again (``Retry-After``)."""
+    body = openai_error(f"{what} is unavailable ({exc})", "unavailable_error", code)
+    return JSONResponse(body, status_code=503, headers={"retry-after": "1"})
+
+
+def anthropic_error_response(err: BaseException) -> JSONResponse:
+    """``error_response`` in Anthropic's shape (the Messages route)."""
+    status, body = anthropic_error_body(err)
+    return JSONResponse(body, status_code=status)
+
+
+def anthropic_no_backend(model: Any) -> JSONResponse:
+    body = {"type": "error", "error": {"type": "not_found_error", "message": f"no backend serves model {model!r}"}}
+    return JSONResponse(body, status_code=404)
