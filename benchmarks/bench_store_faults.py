@@ -1,6 +1,6 @@
 """The several-hosts store under the faults an operator meets (#58; docs/resumable.md "Faults").
 
-A real ``redis-server`` on loopback and this process's hosts (``gateway/hosts.py``, the default
+A real ``redis-server`` on loopback and this process's hosts (``gateway/hosts/store.py``, the default
 lease of 5 s unless said):
 
 * a large running set: how long one sweep of N entries takes (batched ``SSCAN`` + pipelines)

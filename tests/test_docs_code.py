@@ -353,3 +353,21 @@ def test_the_architecture_lists_what_a_wire_can_do_as_wire_has_it() -> None:
     named = set(re.findall(r"`(\w+)`", listed.group(1)))
     every_wire_has = {"name", "path", "encode", "decoder", "completion", "families", "route"}
     assert named == {f.name for f in dataclasses.fields(Wire)} - every_wire_has
+
+
+def test_the_architecture_lists_every_gateway_module_where_it_is() -> None:
+    """docs/architecture.md's gateway row names every module of ``abstract_client/gateway/``, each
+    under its folder, and no module that is not there."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    listed = re.search(r"<!-- gateway-modules -->(.*?)<!-- /gateway-modules -->", text, re.S)
+    assert listed is not None, "the list's markers are gone"
+    named: set[str] = set()
+    folder = ""
+    for folder_named, module in re.findall(r"`(\w+)/`|`(\w+\.py)`", listed.group(1)):
+        if folder_named:
+            folder = folder_named + "/"
+        else:
+            named.add(folder + module)
+    gateway = ROOT / "abstract_client" / "gateway"
+    modules = {str(p.relative_to(gateway)) for p in gateway.rglob("*.py") if p.name != "__init__.py"}
+    assert named == modules

@@ -24,13 +24,12 @@ from abstract_client.gateway import BackendConfig, GatewayConfig
 from abstract_client.gateway.flight import Flight
 from abstract_client.gateway.hosts.workers import Peers
 from abstract_client.gateway.metrics import Metrics
-from abstract_client.gateway.routes import chat as gateway_generation
 from abstract_client.gateway.runner import Job, Runner
 from abstract_client.gateway.sinks import ClientStream
 from abstract_client.testing import FakeOpenAIServer
 from abstract_client.testing.gateway import GatewayProcess, InProcessGateway
 from abstract_client.types import StreamChunk, ToolCallDelta
-from abstract_client.wires.chat_server import FrameEncoder, chunk_frames
+from abstract_client.wires.chat_server import ChatFrames, FrameEncoder, chunk_frames
 
 from .helpers import wait_until
 
@@ -75,7 +74,7 @@ def test_frames_written_without_a_yield_go_out_in_one_send() -> None:
     flight = Flight("r1", backend)  # type: ignore[arg-type]
 
     async def main() -> int:
-        frames = gateway_generation._ChatFrames("r1", "m", chat=True, include_usage=False)
+        frames = ChatFrames("r1", "m", chat=True, include_usage=False)
         job = Job("chat", backend, "r1", "stream", {}, frames=frames)  # type: ignore[arg-type]
         runner = Runner(SimpleNamespace(metrics=Metrics()))  # type: ignore[arg-type]
         return await runner._answer(flight, job, ClientStream(send, flight, frames))

@@ -9,11 +9,12 @@ ordinary stop: the upstream socket is severed (HTTP lanes) or the engine's flag 
 (in-process lanes), and the chain's latency (stop seen → engine stopped) goes into
 ``/metrics``. ``POST /v1/requests/{id}/cancel`` aborts the same controller.
 
-The modules: ``state.py`` (backends, flights, stop records), ``runner.py`` (every request's
-run), ``sinks.py`` (where its answer goes), ``generation.py`` (the generation routes), ``routes.py`` (the others),
-``upstreams.py`` (whether each backend can be reached: ``/health``, ``/ready``), ``body.py``
-(reading a request), ``auth.py`` (the outermost middleware), ``server.py`` (uvicorn, workers,
-signals).
+The tree (docs/architecture.md draws it): the core here — ``gateway.py`` (the ``Gateway``:
+backends, flights, stop records), ``flight.py``, ``runner.py`` (every request's run),
+``sinks.py`` and ``background.py`` (where an answer goes), ``server.py`` (uvicorn, workers,
+signals) — and four folders: ``http/`` (the server side of HTTP: protocol, departures,
+middleware, reading and writing), ``routes/`` (the front doors), ``team/`` (keys, limits, fair
+slots, usage) and ``hosts/`` (workers, the store several hosts share).
 """
 
 from __future__ import annotations

@@ -150,7 +150,7 @@ class Runner:
                     stream = llm.astream(**job.kwargs, signal=signal, request_id=call_id)
                     async with stream:
                         async for chunk in stream:
-                            if await sink.chunk(chunk):
+                            if await sink.chunk(chunk) and flight.first_token_at is None:
                                 flight.first_token()
                     result: Any = stream.result()
                     flight.answered(result.usage, metrics)

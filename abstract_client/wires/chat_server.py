@@ -27,6 +27,7 @@ from ..types import GenerateResult, StreamChunk, ToolCallDelta
 
 __all__ = [
     "BadRequest",
+    "ChatFrames",
     "Shape",
     "as_written",
     "chat_completion",
@@ -354,3 +355,25 @@ def error_headers(err: BaseException) -> list[tuple[bytes, bytes]]:
 def openai_error(message: str, kind: str, code: str | None = None) -> dict[str, Any]:
     """An OpenAI-style error body."""
     return {"error": {"message": message, "type": kind, "code": code}}
+
+
+class ChatFrames:
+    """OpenAI's chat (or completions) stream frames of one answer, ``[DONE]`` at its end (the
+    gateway's ``sinks.ClientStream`` writes them)."""
+
+    def __init__(self, request_id: str, model: str, *, chat: bool, include_usage: bool) -> None:
+        self.request_id, self.model, self.chat, self.include_usage = request_id, model, chat, include_usage
+        self.created = int(time.time())
+        self.encoder = FrameEncoder(request_id, model, self.created, chat=chat)
+
+    def chunk(self, chunk: StreamChunk) -> bytes:
+        return self.encoder.encode(chunk)
+
+    def end(self, result: GenerateResult) -> bytes:
+        if not self.include_usage:
+            return b"data: [DONE]\n\n"
+        usage = usage_frame(result, self.request_id, self.model, self.created, chat=self.chat)
+        return sse(usage) + b"data: [DONE]\n\n"
+
+    def failure(self, err: Exception) -> bytes:
+        return sse(error_body(err)[1])

@@ -11,10 +11,10 @@ import uuid
 from typing import Any
 
 from ..errors import GenerationCancelledError
-from ..types import GenerateResult, StreamChunk
+from ..types import GenerateResult, StreamChunk, ToolCallDelta
 from .chat_server import _PASSTHROUGH, BadRequest, error_body
 
-__all__ = ["ResponseBuilder", "chat_body_of", "encode_event"]
+__all__ = ["ResponseBuilder", "ResponseFrames", "chat_body_of", "encode_event"]
 
 _TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
 
@@ -325,6 +325,20 @@ class ResponseBuilder:
         location = {"item_id": item["id"], "output_index": item["_index"], "content_index": 0}
         return [*events, self._event(kind, **location, delta=text, **fields)]
 
+    def whole(self, result: GenerateResult) -> dict[str, Any]:
+        """A whole answer (not streamed) as one ``response`` object: its chunks as a stream of it
+        would have been (the builder's one path), then its end."""
+        chunks = [StreamChunk(reasoning=result.reasoning or ""), StreamChunk(delta=result.content or "")]
+        for n, call in enumerate(result.tool_calls or []):
+            fragment = json.dumps(call.arguments)
+            chunks.append(
+                StreamChunk(tool_call=ToolCallDelta(index=n, id=call.id, name=call.name, arguments_fragment=fragment))
+            )
+        for chunk in chunks:
+            self.chunk(chunk)
+        self.finished(result)
+        return self.response()
+
     def finished(self, result: GenerateResult) -> list[dict[str, Any]]:
         events = self.started() + self._close()
         for call in result.tool_calls or []:  # the contract's checked calls: the arguments as sent
@@ -444,3 +458,20 @@ def _public(item: dict[str, Any]) -> dict[str, Any]:
         elif item["type"] == "reasoning":
             out["content"] = [{"type": "reasoning_text", "text": item["_text"]}]
     return out
+
+
+class ResponseFrames:
+    """The Responses API's events of one response, as a stream's frames (the gateway's
+    ``sinks.ClientStream`` writes them)."""
+
+    def __init__(self, builder: ResponseBuilder) -> None:
+        self.builder = builder
+
+    def chunk(self, chunk: StreamChunk) -> bytes:
+        return b"".join(encode_event(e) for e in self.builder.chunk(chunk))
+
+    def end(self, result: GenerateResult) -> bytes:
+        return b"".join(encode_event(e) for e in self.builder.finished(result))
+
+    def failure(self, err: Exception) -> bytes:
+        return b"".join(encode_event(e) for e in self.builder.failed(err))

@@ -4,24 +4,13 @@ completions frames) or a whole answer (JSON)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 from starlette.requests import Request
 
-from ...types import GenerateResult, StreamChunk
-from ...wires.chat_server import (
-    BadRequest,
-    FrameEncoder,
-    chat_completion,
-    error_body,
-    generation_args,
-    model_field,
-    sse,
-    text_completion,
-    usage_frame,
-)
+from ...wires.chat_server import BadRequest, ChatFrames, chat_completion, generation_args, model_field, text_completion
 from ..gateway import Gateway
 from ..http.error_answers import error_response, no_backend
 from ..http.reading import read_json, request_id_of
@@ -46,33 +35,13 @@ def generation_endpoint(gateway: Gateway, *, chat: bool) -> Callable[[Request], 
         request_id = request_id_of(request)
         job = Job(endpoint, backend, request_id, "stream" if stream else "generate", kwargs)
         if stream:
-            job.frames = _ChatFrames(request_id, model, chat=chat, include_usage=include_usage)
+            job.frames = ChatFrames(request_id, model, chat=chat, include_usage=include_usage)
         else:
-            whole = chat_completion if chat else text_completion
-            job.body_of = lambda result: whole(result, request_id, model)
+            job.body_of = partial(chat_completion if chat else text_completion, request_id=request_id, model=model)
         job.max_tokens, job.prompt = kwargs.get("max_tokens"), kwargs
         return JobResponse(gateway.runner, job)
 
     return handle
-
-
-class _ChatFrames:
-    def __init__(self, request_id: str, model: str, *, chat: bool, include_usage: bool) -> None:
-        self.request_id, self.model, self.chat, self.include_usage = request_id, model, chat, include_usage
-        self.created = int(time.time())
-        self.encoder = FrameEncoder(request_id, model, self.created, chat=chat)
-
-    def chunk(self, chunk: StreamChunk) -> bytes:
-        return self.encoder.encode(chunk)
-
-    def end(self, result: GenerateResult) -> bytes:
-        if not self.include_usage:
-            return b"data: [DONE]\n\n"
-        usage = usage_frame(result, self.request_id, self.model, self.created, chat=self.chat)
-        return sse(usage) + b"data: [DONE]\n\n"
-
-    def failure(self, err: Exception) -> bytes:
-        return sse(error_body(err)[1])
 
 
 def embeddings_endpoint(gateway: Gateway) -> Callable[[Request], Awaitable[Any]]:

@@ -22,7 +22,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -31,9 +30,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ...types import GenerateResult, StreamChunk, ToolCallDelta
 from ...wires.chat_server import BadRequest, generation_args, openai_error
-from ...wires.responses_server import ResponseBuilder, chat_body_of, encode_event, new_response_id
+from ...wires.responses_server import ResponseBuilder, ResponseFrames, chat_body_of, new_response_id
 from ..background import OWNER_END, OWNER_LOST, ResponseRecord, read_query
 from ..gateway import Gateway
 from ..hosts.store import StoreUnavailable
@@ -73,9 +71,9 @@ def responses_endpoint(gateway: Gateway) -> Callable[[Request], Awaitable[Any]]:
             return await _start_background(gateway, request, job, body, model, stream)
         builder = ResponseBuilder(f"resp_{request_id}", model, body, background=False)
         if stream:
-            job.frames = _ResponseFrames(builder)
+            job.frames = ResponseFrames(builder)
         else:
-            job.body_of = lambda result: _whole_response(builder, result)
+            job.body_of = builder.whole
         return JobResponse(gateway.runner, job)
 
     return handle
@@ -120,38 +118,6 @@ def _event_stream(gateway: Gateway, record: ResponseRecord, after: int | None) -
     """A reader of a background response: its disconnect ends the reading, never the response;
     a reader that stops reading is cut after the write timeout (``reader_stream``)."""
     return ReaderStream(record.follow(after), write_timeout=gateway.config.write_timeout, headers=SSE_HEADERS)
-
-
-def _whole_response(builder: ResponseBuilder, result: GenerateResult) -> dict[str, Any]:
-    for chunk in _result_chunks(result):
-        builder.chunk(chunk)
-    builder.finished(result)
-    return builder.response()
-
-
-def _result_chunks(result: GenerateResult) -> list[StreamChunk]:
-    """A whole answer as the chunks a stream of it would have been (the builder's one path)."""
-    chunks = [StreamChunk(reasoning=result.reasoning or ""), StreamChunk(delta=result.content or "")]
-    for n, call in enumerate(result.tool_calls or []):
-        piece = ToolCallDelta(index=n, id=call.id, name=call.name, arguments_fragment=json.dumps(call.arguments))
-        chunks.append(StreamChunk(tool_call=piece))
-    return chunks
-
-
-class _ResponseFrames:
-    """The Responses API's events, as a stream's frames (``sinks.ClientStream``)."""
-
-    def __init__(self, builder: ResponseBuilder) -> None:
-        self.builder = builder
-
-    def chunk(self, chunk: StreamChunk) -> bytes:
-        return b"".join(encode_event(e) for e in self.builder.chunk(chunk))
-
-    def end(self, result: GenerateResult) -> bytes:
-        return b"".join(encode_event(e) for e in self.builder.finished(result))
-
-    def failure(self, err: Exception) -> bytes:
-        return b"".join(encode_event(e) for e in self.builder.failed(err))
 
 
 # -- GET /v1/responses/{id}, POST /v1/responses/{id}/cancel ----------------------------------------
