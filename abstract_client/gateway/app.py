@@ -33,8 +33,8 @@ from ..wires.chat_server import openai_error
 from .config import GatewayConfig
 from .gateway import Gateway
 from .hosts.workers import Peers
-from .http.auth import RequestIdAndAuth
 from .http.browsers import BrowserPolicy
+from .http.middleware import stack
 from .routes import service as routes
 from .routes.chat import embeddings_endpoint, generation_endpoint
 from .routes.messages import count_tokens_endpoint, messages_endpoint
@@ -96,7 +96,7 @@ def create_app(config: GatewayConfig, *, peers: Peers | None = None) -> Starlett
     app = Starlette(routes=table, lifespan=lifespan, exception_handlers={404: _http_error, 405: _http_error})
     app.state.gateway = gateway
     keys = [*([config.api_key] if config.api_key else []), *config.api_keys, *(k.key for k in config.keys)]
-    return RequestIdAndAuth(  # type: ignore[return-value]
+    return stack(  # type: ignore[return-value]
         app,
         keys,
         admin_key=config.admin_key,

@@ -24,7 +24,7 @@ from .spawn import spawn_on
 from .team.accounting import Accounting
 from .upstreams import Upstreams
 
-__all__ = ["Backend", "Flight", "Gateway"]
+__all__ = ["Gateway"]
 
 log = logging.getLogger("abstract_client.gateway")
 

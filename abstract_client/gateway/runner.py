@@ -27,10 +27,10 @@ from ..wires.chat_server import Shape, as_written, error_body, openai_error
 from .flight import Backend, Flight
 from .http.client_writes import send_json
 from .http.departures import watch_client
+from .http.scope import caller_of, connection_of
 from .http.stall import UnsentWatch
 from .request_ids import scoped
 from .sinks import ClientStream, ClientWhole, Sink, StreamFrames
-from .team.keys import ANONYMOUS
 from .team.limits import Admission, Refusal
 
 if TYPE_CHECKING:
@@ -186,22 +186,22 @@ class JobResponse:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         runner, job = self.runner, self.job
-        state = scope.setdefault("state", {})
-        call_id = scoped(job.request_id, state.get("owner"))  # another key's id of the same name is not ours
+        caller, connection = caller_of(scope), connection_of(scope)
+        call_id = scoped(job.request_id, caller.owner)  # another key's id of the same name is not ours
         if call_id in runner.gateway.flights:
             message = f"request {job.request_id} is already in flight"
             body = openai_error(message, "invalid_request_error", "duplicate_request_id")
             await send_json(send, 409, job.shape(409, body))
             return
-        key = state.get("key_name") or ANONYMOUS
+        key = caller.name
         admitted = await runner.admit(job, key)
         if isinstance(admitted, Refusal):
             await send_json(send, *runner.refused(job, key, admitted))
             return
         # the gateway's own server: the kernel can say what the client has not taken
-        socket = state.get("client_socket")
+        socket = None if connection is None else connection.socket
         unsent = None if socket is None else UnsentWatch(socket, runner.gateway.config.write_timeout)
-        flight = runner.flight(job, key, admitted, state.get("owner"), call_id, unsent)
+        flight = runner.flight(job, key, admitted, caller.owner, call_id, unsent)
         replied = _Watched(send)
         status = 500
         path = scope.get("path", "")
@@ -209,7 +209,7 @@ class JobResponse:
         with telemetry.server_span(f"POST {path}", scope.get("headers") or [], job.request_id, path) as span:
             flight.traced(span)
             try:
-                async with watch_client(state, flight, receive):  # its departure is its stop
+                async with watch_client(connection, flight, receive):  # its departure is its stop
                     status = await runner.run(flight, job, _client_sink(job, flight, replied))
             finally:
                 if not replied.started:
@@ -224,9 +224,8 @@ class JobResponse:
                         status_code, body = error_body(stop)
                         await send_json(send, status_code, job.shape(status_code, body), [(b"connection", b"close")])
                 elif flight.reason in ("client_disconnect", "client_stalled"):
-                    abort_connection = state.get("abort_connection")  # the gateway's protocol: no ERROR line
-                    if abort_connection is not None:
-                        abort_connection()
+                    if connection is not None:  # the gateway's protocol: no ERROR line
+                        connection.abort()
                 if flight.span is not None:
                     flight.span.set_attribute("http.response.status_code", status)
 

@@ -10,7 +10,8 @@ from typing import Any
 from ..registry import runs_in_process
 from .app import create_app
 from .config import ConfigError, GatewayConfig
-from .gateway import Backend, Gateway
+from .flight import Backend
+from .gateway import Gateway
 from .hosts.workers import Peers, run_workers
 from .http.protocol import protocol_class
 

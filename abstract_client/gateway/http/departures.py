@@ -41,6 +41,8 @@ from typing import Any, NamedTuple, Protocol
 import anyio
 from starlette.types import Receive
 
+from .scope import Connection
+
 __all__ = ["ClientWatch", "DepartureThread", "Registration", "departure_thread", "watch_client"]
 
 log = logging.getLogger(__name__)
@@ -192,12 +194,13 @@ def departure_thread() -> DepartureThread | None:
 
 
 @asynccontextmanager
-async def watch_client(state: dict[str, Any], flight: Stoppable, receive: Receive) -> AsyncIterator[ClientWatch]:
-    """Watch a request's client while its flight runs (``state`` is the request's ASGI state:
-    the gateway's protocol put the client's socket there)."""
+async def watch_client(
+    connection: Connection | None, flight: Stoppable, receive: Receive
+) -> AsyncIterator[ClientWatch]:
+    """Watch a request's client while its flight runs (``connection``: the gateway's protocol's,
+    with the client's socket; None under another ASGI server)."""
     watch = ClientWatch(flight)
-    state["client_watch"] = watch  # the loop's signs: the protocol's connection_lost, eof_received
-    if "client_socket" not in state:  # mounted in another ASGI server: http.disconnect is the only news
+    if connection is None:  # mounted in another ASGI server: http.disconnect is the only news
         async with anyio.create_task_group() as tg:
             tg.start_soon(_http_disconnect, receive, watch)
             try:
@@ -208,8 +211,9 @@ async def watch_client(state: dict[str, Any], flight: Stoppable, receive: Receiv
     # Served by the gateway's own protocol: the thread and the loop's callbacks see a departure
     # sooner than a task reading http.disconnect would (and a task per request is a tenth of a
     # request's cost here).
+    connection.watched_by(watch)  # the loop's signs: the protocol's connection_lost, eof_received
     thread = departure_thread()
-    handle = thread.watch(state["client_socket"], watch) if thread is not None and state["client_socket"] else None
+    handle = thread.watch(connection.socket, watch) if thread is not None and connection.socket else None
     try:
         yield watch
     finally:

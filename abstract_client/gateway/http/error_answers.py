@@ -8,9 +8,11 @@ from __future__ import annotations
 from typing import Any
 
 from starlette.responses import JSONResponse
+from starlette.types import Scope, Send
 
 from ...wires.chat_server import Shape, as_written, error_body, openai_error
-from ...wires.messages_server import anthropic_error_body
+from ...wires.messages_server import anthropic_error_body, anthropic_shape
+from .client_writes import send_json
 
 __all__ = [
     "anthropic_error_response",
@@ -18,6 +20,7 @@ __all__ = [
     "error_response",
     "no_backend",
     "refusal_response",
+    "refuse",
     "store_unavailable",
 ]
 
@@ -59,3 +62,20 @@ def anthropic_error_response(err: BaseException) -> JSONResponse:
 def anthropic_no_backend(model: Any) -> JSONResponse:
     body = {"type": "error", "error": {"type": "not_found_error", "message": f"no backend serves model {model!r}"}}
     return JSONResponse(body, status_code=404)
+
+
+async def refuse(
+    scope: Scope,
+    send: Send,
+    status: int,
+    why: str,
+    kind: str,
+    code: str | None = None,
+    extra: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    """The middleware's refusal of a request before any route saw it, in the shape of the route it
+    was meant for: Anthropic's clients read only theirs (``/v1/messages``)."""
+    path = str(scope.get("path", ""))
+    messages_route = path == "/v1/messages" or path.startswith("/v1/messages/")
+    body = openai_error(why, kind, code)
+    await send_json(send, status, anthropic_shape(status, body) if messages_route else body, extra)

@@ -12,7 +12,7 @@
 3. **Slowloris.** uvicorn has no header timeout: a connection that sends its headers one byte a
    second is held forever. A connection whose request head is not complete within
    ``header_timeout`` seconds (from its first byte, or from the connection) gets a 408 and is
-   closed. (The body is bounded by the app: ``body_timeout``, see ``RequestIdAndAuth``.)
+   closed. (The body is bounded by the app: ``body_timeout``, see ``middleware.BodyLimit``.)
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .departures import client_socket
+from .scope import Connection, connection_of
 
 __all__ = ["GatewayProtocol", "protocol_class"]
 
@@ -57,8 +58,7 @@ class GatewayProtocol(H11Protocol):
             self._head_cycle = self.cycle
             # the app hands it to the departure thread (departures.py) while a request runs
             state = self.cycle.scope.setdefault("state", {})
-            state["client_socket"] = client_socket(self.transport)
-            state["abort_connection"] = self._abort_connection
+            state["connection"] = Connection(client_socket(self.transport), self._abort_connection)
             self.cycle.transport = _WritesUntilBroken(self.transport, self.cycle)  # type: ignore[assignment]
             if self._head_timer is not None:
                 self._head_timer.cancel()
@@ -89,9 +89,9 @@ class GatewayProtocol(H11Protocol):
     @staticmethod
     def _tell_departure(cycle: Any) -> None:
         if cycle is not None and not cycle.response_complete:
-            watch = (cycle.scope.get("state") or {}).get("client_watch")
-            if watch is not None:
-                watch.left()
+            connection = connection_of(cycle.scope)
+            if connection is not None and connection.watch is not None:
+                connection.watch.left()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._head_timer is not None:

@@ -17,6 +17,8 @@ from collections.abc import AsyncIterator, Mapping
 import anyio
 from starlette.types import Message, Receive, Scope, Send
 
+from .scope import connection_of
+
 __all__ = ["ReaderStream"]
 
 
@@ -47,9 +49,9 @@ class ReaderStream:
                 async for chunk in self.events:
                     if not await self._write(send, {"type": "http.response.body", "body": chunk, "more_body": True}):
                         self.stalled = True
-                        abort_connection = (scope.get("state") or {}).get("abort_connection")
-                        if abort_connection is not None:  # the gateway's protocol: close it, no ERROR line
-                            abort_connection()
+                        connection = connection_of(scope)
+                        if connection is not None:  # the gateway's protocol: close it, no ERROR line
+                            connection.abort()
                         break
                 else:
                     await self._write(send, {"type": "http.response.body", "body": b"", "more_body": False})

@@ -22,8 +22,8 @@ from ..flight import Backend
 from ..gateway import Gateway
 from ..http.error_answers import anthropic_error_response, anthropic_no_backend, refusal_response
 from ..http.reading import read_json, request_id_of
+from ..http.scope import caller_of
 from ..runner import Job, JobResponse
-from ..team.keys import ANONYMOUS
 from ..team.limits import Refusal
 
 __all__ = ["count_tokens_endpoint", "messages_endpoint"]
@@ -86,7 +86,7 @@ def count_tokens_endpoint(gateway: Gateway) -> Callable[[Request], Awaitable[Any
             return anthropic_no_backend(body.get("model"))
         # within the key's concurrency and requests per minute (a count costs no tokens), and on
         # its record
-        name, started = request.scope["state"].get("key_name") or ANONYMOUS, time.time()
+        name, started = caller_of(request.scope).name, time.time()
         request_id = request_id_of(request)
         admitted = await gateway.accounting.admit(name, 0, count_only=True)
         if isinstance(admitted, Refusal):

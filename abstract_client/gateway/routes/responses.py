@@ -39,9 +39,9 @@ from ..hosts.workers import relay
 from ..http.error_answers import error_response, no_backend, refusal_response, store_unavailable
 from ..http.reader_stream import ReaderStream
 from ..http.reading import read_json, request_id_of
+from ..http.scope import caller_of
 from ..request_ids import scoped
 from ..runner import Job, JobResponse
-from ..team.keys import ANONYMOUS
 from ..team.limits import Refusal
 
 __all__ = ["cancel_response", "get_response", "responses_endpoint"]
@@ -88,7 +88,8 @@ async def _start_background(
     except (TypeError, ValueError) as err:
         return error_response(err)
     store, runner = gateway.background, gateway.runner
-    name = request.scope["state"].get("key_name") or ANONYMOUS
+    caller = caller_of(request.scope)
+    name = caller.name
     admitted = await runner.admit(job, name)  # before the 200
     if isinstance(admitted, Refusal):
         refusal, headers = gateway.accounting.refused(admitted, name, backend.name, "responses", job.request_id)
@@ -99,7 +100,7 @@ async def _start_background(
         return JSONResponse(openai_error(message, "rate_limit_error", "too_many_background_responses"), 429)
     prefix = f"w{gateway.peers.index}_" if gateway.peers is not None else ""
     builder = ResponseBuilder(new_response_id(prefix), model, body, background=True)
-    owner = request.scope["state"].get("owner")
+    owner = caller.owner
     job.request_id = builder.id
     flight = runner.flight(job, name, admitted, owner, scoped(builder.id, owner))
     record = store.new_record(builder, flight, owner)
@@ -129,9 +130,9 @@ def _not_found() -> JSONResponse:
 
 async def _lookup(request: Request) -> tuple[Gateway, ResponseRecord | None, str]:
     gateway: Gateway = request.app.state.gateway
-    state = request.scope["state"]
+    caller = caller_of(request.scope)
     response_id = request.path_params["response_id"]
-    record = await gateway.background.get(response_id, state.get("owner"), bool(state.get("admin")))
+    record = await gateway.background.get(response_id, caller.owner, caller.admin)
     return gateway, record, response_id
 
 
@@ -185,13 +186,13 @@ async def _relay_to_owner(gateway: Gateway, request: Request, response_id: str) 
     peers = gateway.peers
     if match is None or match.group(1) is None or peers is None or int(match.group(1)) == peers.index:
         return None
-    state = request.scope["state"]
+    caller = caller_of(request.scope)
     action = "cancel" if request.url.path.endswith("/cancel") else "get"
     try:  # the same parser as the owner's: what one refuses, the other refuses
         stream, after = read_query(request.query_params.get("stream"), request.query_params.get("starting_after"))
     except BadRequest as exc:
         return error_response(exc)
-    owner, admin = state.get("owner") or "-", "1" if state.get("admin") else "0"
+    owner, admin = caller.owner or "-", "1" if caller.admin else "0"
     line = f"response {action} {response_id} {owner} {admin} {str(stream).lower()} {'-' if after is None else after}"
     answer = await relay(peers.path(int(match.group(1))), line)
     if answer is None:  # the owner did not answer: not "no such response", a retryable 503

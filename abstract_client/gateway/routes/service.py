@@ -1,6 +1,6 @@
 """The gateway's small routes: models, health, metrics, the OpenAPI document, cancel, a stop's
-record, the chat page, and model load/unload. Each reads the :class:`~.state.Gateway` from the
-app's state; who may do what comes from the key the request carried (``auth.py``)."""
+record, the chat page, and model load/unload. Each reads the :class:`~..gateway.Gateway` from the
+app's state; who may do what comes from the key the request carried (``http.scope.Caller``)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from ..gateway import Gateway
 from ..hosts.store import StoreUnavailable
 from ..http.error_answers import error_response, no_backend, store_unavailable
 from ..http.reading import REQUEST_ID, read_json
+from ..http.scope import caller_of
 from ..request_ids import flights_named, scoped
 from ..team.usage_records import day_of
 from .openapi import openapi_document
@@ -94,17 +95,17 @@ async def ready(request: Request) -> Response:
 
 def _health(request: Request) -> dict[str, Any]:
     """The gateway's view; the addresses and errors only for a caller whose key was accepted."""
-    return _gateway(request).health(detail=bool(request.scope["state"].get("key_accepted")))
+    return _gateway(request).health(detail=caller_of(request.scope).accepted)
 
 
 async def metrics(request: Request) -> Response:
     from prometheus_client import CONTENT_TYPE_LATEST
 
-    gateway, state = _gateway(request), request.scope["state"]
+    gateway, caller = _gateway(request), caller_of(request.scope)
     fleets = {name: b.llm.status() for name, b in gateway.backends.items() if isinstance(b.llm, Fleet)}
     # with keys, a client key reads no other key's name or figures: those are the admin's
     # (or the metrics_key's, which Prometheus scrapes with)
-    per_key = not gateway.accounting.keyed or bool(state.get("admin") or state.get("metrics_reader"))
+    per_key = not gateway.accounting.keyed or bool(caller.admin or caller.metrics_reader)
     text = gateway.metrics.render(list(gateway.backends), fleets, per_key=per_key)
     return Response(text, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -115,14 +116,14 @@ async def openapi(request: Request) -> Response:
 
 async def cancel(request: Request) -> Response:
     gateway = _gateway(request)
-    state = request.scope["state"]
+    caller = caller_of(request.scope)
     request_id = request.path_params["request_id"]
     # another key's request is "not found": its id is not even confirmed to exist
-    found = flights_named(gateway.flights, request_id, state.get("owner"), bool(state.get("admin")))
+    found = flights_named(gateway.flights, request_id, caller.owner, caller.admin)
     siblings = gateway.siblings
     if not found and siblings is not None and REQUEST_ID.match(request_id):
         # another worker or host may hold it: it checks the key the same way
-        owner, admin = state.get("owner") or "-", "1" if state.get("admin") else "0"
+        owner, admin = caller.owner or "-", "1" if caller.admin else "0"
         try:
             if await siblings.ask("cancel", request_id, owner, admin):
                 return JSONResponse({"id": request_id, "cancelled": True})
@@ -137,19 +138,19 @@ async def cancel(request: Request) -> Response:
 
 async def stop_record(request: Request) -> Response:
     """What the gateway measured for a stopped request (its owner's key, or the admin's)."""
-    gateway, state = _gateway(request), request.scope["state"]
+    gateway, caller = _gateway(request), caller_of(request.scope)
     records = gateway.stop_records
     request_id = request.path_params["request_id"]
-    record = records.get(scoped(request_id, state.get("owner")))
-    if record is None and state.get("admin"):
+    record = records.get(scoped(request_id, caller.owner))
+    if record is None and caller.admin:
         record = next((r for r in reversed(records.values()) if r["request_id"] == request_id), None)
     if record is None and gateway.hosts is not None and REQUEST_ID.match(request_id):  # another host's
         try:
-            call_id = None if state.get("admin") else scoped(request_id, state.get("owner"))
+            call_id = None if caller.admin else scoped(request_id, caller.owner)
             record = await gateway.hosts.stop_record(call_id, request_id)
         except StoreUnavailable as exc:
             return store_unavailable(exc)
-    if record is None or not (state.get("admin") or record["owner"] == state.get("owner")):
+    if record is None or not (caller.admin or record["owner"] == caller.owner):
         return _not_found("no stop recorded for this request")
     return JSONResponse({k: v for k, v in record.items() if k != "owner"})
 
@@ -160,8 +161,8 @@ async def chat_page(request: Request) -> Response:
 
 async def load_or_unload(request: Request) -> Response:
     gateway = _gateway(request)
-    state = request.scope["state"]
-    if state.get("admin_required") and not state.get("admin"):
+    caller = caller_of(request.scope)
+    if caller.admin_required and not caller.admin:
         return JSONResponse(openai_error("loading and unloading models needs the admin key", "permission_error"), 403)
     try:
         body = await read_json(request)
@@ -198,7 +199,7 @@ async def usage(request: Request) -> Response:
     key, model and outcome (stopped answers apart from completed ones). The admin key reads every
     key's (``key`` picks one); a client key reads its own: another key's name is a 404, whether
     or not that key exists."""
-    gateway, state = _gateway(request), request.scope["state"]
+    gateway, caller = _gateway(request), caller_of(request.scope)
     accounting = gateway.accounting
     if accounting.log is None:
         return _not_found("usage accounting is off on this gateway (usage = false)")
@@ -215,9 +216,9 @@ async def usage(request: Request) -> Response:
             days[name] = day_of(name, value)
         except ValueError as exc:
             return _bad_query(str(exc))
-    own = state.get("key_name")
+    own = caller.name
     key = query.get("key")
-    if state.get("admin") or not accounting.keyed:  # the admin, or a gateway without keys
+    if caller.admin or not accounting.keyed:  # the admin, or a gateway without keys
         if key is not None and key not in accounting.names:
             return _not_found(f"no key named {key[:70]!r}")
     elif key is not None and key != own:
