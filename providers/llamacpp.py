@@ -10,7 +10,8 @@
   ``resumable=True`` (docs/resumable.md): with it the server keeps generating after a disconnect,
   so that call's stop also sends ``DELETE /v1/stream``; a user's own header is refused.
 * ``wire="responses"``: llama-server's ``/v1/responses`` (foreground only: it has no background
-  mode, so ``resumable=True`` stays on the chat route with ``X-Conversation-Id``). It ignores
+  mode, so ``resumable=True`` is a chat stream with ``X-Conversation-Id``, refused on a lane made
+  with another ``wire=``). It ignores
   ``text.format``; structured output is sent in its chat field as well.
 * Models: single-model servers cannot unload (``NotSupportedError``, after our in-flight calls
   were stopped); router-mode servers (started without ``-m``) load/unload via ``/models/load``

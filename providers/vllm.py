@@ -10,8 +10,9 @@
   "maximum context length" → ``ContextOverflowError``.
 * Stop: vLLM aborts the request when the connection closes — streaming, non-streaming and during
   (chunked) prefill, at the next engine step.
-* ``wire="responses"``: ``/v1/responses`` instead of chat. ``resumable=True`` (any wire) is a
-  Responses ``background`` response named by our ``request_id``: read on after a drop with
+* ``wire="responses"``: ``/v1/responses`` instead of chat. ``resumable=True`` (a lane made
+  without ``wire=``, or with ``wire="responses"``; another ``wire=`` refuses it) is a Responses
+  ``background`` response named by our ``request_id``: read on after a drop with
   ``starting_after``, stopped with ``POST /v1/responses/{id}/cancel`` (a background response
   ignores the disconnect); the server needs ``VLLM_ENABLE_RESPONSES_API_STORE=1``.
 * Readiness: connection refused while loading, then ``/health`` 200. One model per process, so

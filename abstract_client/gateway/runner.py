@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import anyio
 from starlette.types import Message, Receive, Scope, Send
@@ -34,7 +34,10 @@ from .sinks import ClientStream, ClientWhole, Sink, StreamFrames
 from .team.limits import Admission, Refusal
 
 if TYPE_CHECKING:
-    from .gateway import Gateway
+    from .config import GatewayConfig
+    from .metrics import Metrics
+    from .team.accounting import Accounting
+    from .upstreams import Upstreams
 
 __all__ = ["Job", "JobResponse", "Runner"]
 
@@ -58,11 +61,23 @@ class Job:
     prompt: Mapping[str, Any] | None = field(default=None)  # what it reads, reserved likewise
 
 
+class Served(Protocol):
+    """What the runner needs of the gateway it runs for (``gateway.Gateway``)."""
+
+    config: GatewayConfig
+    flights: dict[str, Flight]
+    accounting: Accounting
+    metrics: Metrics
+    upstreams: Upstreams
+
+    def stop_recorded(self, flight: Flight, err: GenerationCancelledError) -> None: ...
+
+
 class Runner:
     """Runs jobs for one gateway (see the module docstring)."""
 
-    def __init__(self, gateway: Gateway) -> None:
-        self.gateway = gateway  # its flights, accounting, metrics, upstreams
+    def __init__(self, gateway: Served) -> None:
+        self.gateway = gateway
 
     async def admit(self, job: Job, key: str) -> Admission | Refusal:
         """The key's limits, before a slot is waited for or anything is sent upstream."""

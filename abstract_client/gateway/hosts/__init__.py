@@ -2,3 +2,5 @@
 worker that holds a request (``workers.py``), the Redis store several hosts share (``store.py``),
 and the background responses kept there, readable and cancellable from any host
 (``shared_background.py``)."""
+
+__all__: list[str] = []

@@ -4,3 +4,5 @@ the outermost middleware (``auth.py``: request id, key, body limits) and the bro
 (``browsers.py``), reading a request (``reading.py``, ``json_parse.py``), writing to a client
 (``client_writes.py``, ``frame_writer.py``, ``reader_stream.py``) and the error answers in each
 route's shape (``error_answers.py``)."""
+
+__all__: list[str] = []
