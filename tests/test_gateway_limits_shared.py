@@ -188,8 +188,8 @@ def test_a_host_killed_gives_its_reservations_back_within_a_lease(
     config = tmp_path / "a.toml"
     config.write_text(_toml(upstream, "[limits.alice]\nconcurrent = 1", store=redis.url, limits_lease=LEASE))
     a = GatewayHost.on("127.0.0.1", config, tmp_path / "a.log")
-    with _host(upstream, redis, tmp_path / "b", {"alice": Limits(concurrent=1)}, limits_lease=LEASE) as b:
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    with a, _host(upstream, redis, tmp_path / "b", {"alice": Limits(concurrent=1)}, limits_lease=LEASE) as b:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:  # (A is ended whatever fails here)
             running = pool.submit(_chat, a.url, "alice-key", 1_000)
             assert wait_until(lambda: len(upstream.records) == 1, 20)
             assert _chat(b.url, "alice-key", 1) == 429  # A holds her one request
