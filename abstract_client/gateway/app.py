@@ -26,14 +26,14 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
-from ..wires.chat_server import openai_error
 from .config import GatewayConfig
 from .gateway import Gateway
 from .hosts.workers import Peers
 from .http.browsers import BrowserPolicy
+from .http.error_answers import error_answer
 from .http.middleware import stack
 from .routes import service as routes
 from .routes.chat import embeddings_endpoint, generation_endpoint
@@ -114,4 +114,4 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     kind = {404: "not_found", 405: "method_not_allowed"}.get(status, "invalid_request_error")
     message = f"{request.method} {request.url.path}: " + ("no such route" if status == 404 else str(exc))
     headers = getattr(exc, "headers", None)  # a 405's Allow
-    return JSONResponse(openai_error(message, "invalid_request_error", kind), status, headers=headers)
+    return error_answer(status, message, code=kind, headers=headers)

@@ -33,6 +33,7 @@ __all__ = [
     "chat_completion",
     "FrameEncoder",
     "chunk_frames",
+    "embeddings_body",
     "error_body",
     "error_headers",
     "generation_args",
@@ -199,6 +200,13 @@ def chat_completion(result: GenerateResult, request_id: str, model: str) -> dict
     if usage:
         out["usage"] = usage
     return out
+
+
+def embeddings_body(batch: Any, model: str) -> dict[str, Any]:
+    """An embedding batch (``EmbeddingBatch``) as ``/v1/embeddings`` answers it."""
+    data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(batch.vectors)]
+    n = batch.usage.prompt_tokens if batch.usage and batch.usage.prompt_tokens else 0
+    return {"object": "list", "data": data, "model": model, "usage": {"prompt_tokens": n, "total_tokens": n}}
 
 
 def text_completion(result: GenerateResult, request_id: str, model: str) -> dict[str, Any]:

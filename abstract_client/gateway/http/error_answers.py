@@ -15,6 +15,7 @@ from ...wires.messages_server import anthropic_error_body, anthropic_shape
 from .client_writes import send_json
 
 __all__ = [
+    "error_answer",
     "anthropic_error_response",
     "anthropic_no_backend",
     "error_response",
@@ -23,6 +24,19 @@ __all__ = [
     "refuse",
     "store_unavailable",
 ]
+
+
+def error_answer(
+    status: int,
+    message: str,
+    kind: str = "invalid_request_error",
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+    shape: Shape = as_written,
+) -> JSONResponse:
+    """An error of the gateway's own (a route's 404, a refused query, a busy store...), in the
+    route's ``shape``."""
+    return JSONResponse(shape(status, openai_error(message, kind, code)), status, headers=headers)
 
 
 def no_backend(model: Any) -> JSONResponse:

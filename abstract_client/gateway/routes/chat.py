@@ -10,7 +10,15 @@ from typing import Any
 
 from starlette.requests import Request
 
-from ...wires.chat_server import BadRequest, ChatFrames, chat_completion, generation_args, model_field, text_completion
+from ...wires.chat_server import (
+    BadRequest,
+    ChatFrames,
+    chat_completion,
+    embeddings_body,
+    generation_args,
+    model_field,
+    text_completion,
+)
 from ..gateway import Gateway
 from ..http.error_answers import error_response, no_backend
 from ..http.reading import read_json, request_id_of
@@ -63,12 +71,8 @@ def embeddings_endpoint(gateway: Gateway) -> Callable[[Request], Awaitable[Any]]
             return no_backend(body.get("model"))
         model = str(body.get("model") or backend.name)
 
-        def body_of(result: Any) -> dict[str, Any]:
-            data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(result.vectors)]
-            n = result.usage.prompt_tokens if result.usage and result.usage.prompt_tokens else 0
-            return {"object": "list", "data": data, "model": model, "usage": {"prompt_tokens": n, "total_tokens": n}}
-
         kwargs = {"texts": inputs, "dimensions": _integral(body.get("dimensions"))}
+        body_of = partial(embeddings_body, model=model)
         job = Job("embeddings", backend, request_id_of(request), "embed", kwargs, body_of=body_of, max_tokens=0)
         job.prompt = {"input": inputs}
         return JobResponse(gateway.runner, job)

@@ -30,13 +30,13 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ...wires.chat_server import BadRequest, generation_args, openai_error
+from ...wires.chat_server import BadRequest, generation_args
 from ...wires.responses_server import ResponseBuilder, ResponseFrames, chat_body_of, new_response_id
 from ..background import OWNER_END, OWNER_LOST, ResponseRecord, read_query
 from ..gateway import Gateway
 from ..hosts.store import StoreUnavailable
 from ..hosts.workers import relay
-from ..http.error_answers import error_response, no_backend, refusal_response, store_unavailable
+from ..http.error_answers import error_answer, error_response, no_backend, refusal_response, store_unavailable
 from ..http.reader_stream import ReaderStream
 from ..http.reading import read_json, request_id_of
 from ..http.scope import caller_of
@@ -97,7 +97,7 @@ async def _start_background(
     if not store.room():
         admitted.settle(0)
         message = f"this gateway holds {gateway.config.max_background} background responses (max_background)"
-        return JSONResponse(openai_error(message, "rate_limit_error", "too_many_background_responses"), 429)
+        return error_answer(429, message, "rate_limit_error", "too_many_background_responses")
     prefix = f"w{gateway.peers.index}_" if gateway.peers is not None else ""
     builder = ResponseBuilder(new_response_id(prefix), model, body, background=True)
     owner = caller.owner
@@ -125,7 +125,7 @@ def _event_stream(gateway: Gateway, record: ResponseRecord, after: int | None) -
 
 
 def _not_found() -> JSONResponse:
-    return JSONResponse(openai_error("no such background response", "invalid_request_error", "not_found"), 404)
+    return error_answer(404, "no such background response", code="not_found")
 
 
 async def _lookup(request: Request) -> tuple[Gateway, ResponseRecord | None, str]:
@@ -196,10 +196,8 @@ async def _relay_to_owner(gateway: Gateway, request: Request, response_id: str) 
     line = f"response {action} {response_id} {owner} {admin} {str(stream).lower()} {'-' if after is None else after}"
     answer = await relay(peers.path(int(match.group(1))), line)
     if answer is None:  # the owner did not answer: not "no such response", a retryable 503
-        unreachable = openai_error(
-            "the worker that holds this response did not answer", "unavailable_error", "owner_unreachable"
-        )
-        return JSONResponse(unreachable, status_code=503, headers={"retry-after": "1"})
+        message = "the worker that holds this response did not answer"
+        return error_answer(503, message, "unavailable_error", "owner_unreachable", {"retry-after": "1"})
     status, kind, body = answer
     relayed = {"x-abstract-client-relayed-from": f"worker {match.group(1)}"}  # for whoever debugs a fleet
     if kind == "sse":

@@ -16,10 +16,10 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 
 from ...fleet import Fleet
-from ...wires.chat_server import BadRequest, openai_error
+from ...wires.chat_server import BadRequest
 from ..gateway import Gateway
 from ..hosts.store import StoreUnavailable
-from ..http.error_answers import error_response, no_backend, store_unavailable
+from ..http.error_answers import error_answer, error_response, no_backend, store_unavailable
 from ..http.reading import REQUEST_ID, read_json
 from ..http.scope import caller_of
 from ..request_ids import flights_named, scoped
@@ -72,7 +72,7 @@ def _gateway(request: Request) -> Gateway:
 
 
 def _not_found(message: str) -> JSONResponse:
-    return JSONResponse(openai_error(message, "invalid_request_error", "not_found"), 404)
+    return error_answer(404, message, code="not_found")
 
 
 async def models(request: Request) -> Response:
@@ -163,7 +163,7 @@ async def load_or_unload(request: Request) -> Response:
     gateway = _gateway(request)
     caller = caller_of(request.scope)
     if caller.admin_required and not caller.admin:
-        return JSONResponse(openai_error("loading and unloading models needs the admin key", "permission_error"), 403)
+        return error_answer(403, "loading and unloading models needs the admin key", "permission_error")
     try:
         body = await read_json(request)
     except BadRequest as err:
@@ -242,4 +242,4 @@ async def usage(request: Request) -> Response:
 
 
 def _bad_query(message: str) -> JSONResponse:
-    return JSONResponse(openai_error(message, "invalid_request_error", "invalid_query"), 400)
+    return error_answer(400, message, code="invalid_query")
