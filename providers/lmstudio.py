@@ -18,7 +18,7 @@ always with ``wire="lmstudio"``; ``wire="responses"`` its ``/v1/responses``.
 from __future__ import annotations
 
 from types import MappingProxyType
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 
@@ -45,13 +45,15 @@ class LMStudioProvider(OpenAICompatibleProvider):
     default_base_url = "http://127.0.0.1:1234"
     api_base = staticmethod(server_root)  # the native /api/v1 routes live beside /v1
     v1 = "/v1"
+    # LM Studio's quirk: its /v1 chat route takes no reasoning switch (the native route does)
+    no_reasoning: ClassVar[tuple[Wire, ...]] = (CHAT,)
 
     def wire_for(self, request: GenerationRequest) -> Wire:
         """The native route for ``native=True``, and for ``reasoning=`` on a plain chat (it has
         no tools and no structured output: those stay on ``/v1``) unless the lane speaks another
         wire (the Responses and Messages wires carry reasoning themselves)."""
         plain = request.reasoning is not None and not request.tools and request.response_format is None
-        return LMSTUDIO if request.extra.get("native") or (self.wire is CHAT and plain) else self.wire
+        return LMSTUDIO if request.extra.get("native") or (self.wire in self.no_reasoning and plain) else self.wire
 
     async def native_tools(self, request: GenerationRequest) -> bool:
         """``/v1`` takes ``tool_choice`` none/auto/required; a named choice is carried as a

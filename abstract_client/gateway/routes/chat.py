@@ -20,9 +20,8 @@ from ...wires.chat_server import (
     text_completion,
 )
 from ..gateway import Gateway
-from ..http.error_answers import error_response, no_backend
-from ..http.reading import read_json, request_id_of
 from ..runner import Job, JobResponse
+from .prologue import Parsed, parse_request
 
 __all__ = ["embeddings_endpoint", "generation_endpoint"]
 
@@ -31,17 +30,11 @@ def generation_endpoint(gateway: Gateway, *, chat: bool) -> Callable[[Request], 
     endpoint = "chat" if chat else "completions"
 
     async def handle(request: Request) -> Any:
-        try:
-            body = await read_json(request)
-            kwargs, stream, include_usage = generation_args(body, chat=chat)
-        except BadRequest as err:
-            return error_response(err)
-        backend = gateway.backend_for(body.get("model"))
-        if backend is None:
-            return no_backend(body.get("model"))
-        model = str(body.get("model") or backend.name)
-        request_id = request_id_of(request)
-        job = Job(endpoint, backend, request_id, "stream" if stream else "generate", kwargs)
+        got = await parse_request(gateway, request, partial(generation_args, chat=chat))
+        if not isinstance(got, Parsed):
+            return got
+        (kwargs, stream, include_usage), model, request_id = got.args, got.model, got.request_id
+        job = Job(endpoint, got.backend, request_id, "stream" if stream else "generate", kwargs)
         if stream:
             job.frames = ChatFrames(request_id, model, chat=chat, include_usage=include_usage)
         else:
@@ -54,30 +47,27 @@ def generation_endpoint(gateway: Gateway, *, chat: bool) -> Callable[[Request], 
 
 def embeddings_endpoint(gateway: Gateway) -> Callable[[Request], Awaitable[Any]]:
     async def handle(request: Request) -> Any:
-        try:
-            body = await read_json(request)
-            if not isinstance(body, dict):
-                raise BadRequest("the body must be a JSON object")
-            inputs = body.get("input")
-            if isinstance(inputs, str):
-                inputs = [inputs]
-            if not isinstance(inputs, list) or not all(isinstance(t, str) for t in inputs):
-                raise BadRequest("input must be a string or a list of strings")
-            model_field(body)
-        except BadRequest as err:
-            return error_response(err)
-        backend = gateway.backend_for(body.get("model"))
-        if backend is None:
-            return no_backend(body.get("model"))
-        model = str(body.get("model") or backend.name)
-
-        kwargs = {"texts": inputs, "dimensions": _integral(body.get("dimensions"))}
-        body_of = partial(embeddings_body, model=model)
-        job = Job("embeddings", backend, request_id_of(request), "embed", kwargs, body_of=body_of, max_tokens=0)
-        job.prompt = {"input": inputs}
+        got = await parse_request(gateway, request, _embedding_args)
+        if not isinstance(got, Parsed):
+            return got
+        kwargs, body_of = got.args, partial(embeddings_body, model=got.model)
+        job = Job("embeddings", got.backend, got.request_id, "embed", kwargs, body_of=body_of, max_tokens=0)
+        job.prompt = {"input": kwargs["texts"]}
         return JobResponse(gateway.runner, job)
 
     return handle
+
+
+def _embedding_args(body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object")
+    inputs = body.get("input")
+    if isinstance(inputs, str):
+        inputs = [inputs]
+    if not isinstance(inputs, list) or not all(isinstance(t, str) for t in inputs):
+        raise BadRequest("input must be a string or a list of strings")
+    model_field(body)
+    return {"texts": inputs, "dimensions": _integral(body.get("dimensions"))}
 
 
 def _integral(value: Any) -> Any:

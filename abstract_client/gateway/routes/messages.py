@@ -10,21 +10,21 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from ...types import GenerationRequest
-from ...wires.chat_server import BadRequest
 from ...wires.messages_server import MessageFrames, anthropic_shape, message_body, messages_args
 from ..flight import Backend
 from ..gateway import Gateway
-from ..http.error_answers import anthropic_error_response, anthropic_no_backend, refusal_response
-from ..http.reading import read_json, request_id_of
+from ..http.error_answers import anthropic_error_response, refusal_response
 from ..http.scope import caller_of
 from ..runner import Job, JobResponse
 from ..team.limits import Refusal
+from .prologue import Parsed, parse_request
 
 __all__ = ["count_tokens_endpoint", "messages_endpoint"]
 
@@ -52,22 +52,16 @@ async def _offer_tools_if_callable(backend: Backend, request_id: str, kwargs: di
 
 def messages_endpoint(gateway: Gateway) -> Callable[[Request], Awaitable[Any]]:
     async def handle(request: Request) -> Any:
-        try:
-            body = await read_json(request)
-            kwargs, stream = messages_args(body)
-        except BadRequest as err:
-            return anthropic_error_response(err)
-        backend = gateway.backend_for(body.get("model"))
-        if backend is None:
-            return anthropic_no_backend(body.get("model"))
-        model = str(body.get("model") or backend.name)
-        request_id = request_id_of(request)
+        got = await parse_request(gateway, request, messages_args, anthropic=True)
+        if not isinstance(got, Parsed):
+            return got
+        (kwargs, stream), backend, model, request_id = got.args, got.backend, got.model, got.request_id
         await _offer_tools_if_callable(backend, request_id, kwargs)
         job = Job("messages", backend, request_id, "stream" if stream else "generate", kwargs, shape=anthropic_shape)
         if stream:
             job.frames = MessageFrames(request_id, model)
         else:
-            job.body_of = lambda result: message_body(result, request_id, model)
+            job.body_of = partial(message_body, request_id=request_id, model=model)
         job.max_tokens, job.prompt = kwargs["max_tokens"], kwargs
         return JobResponse(gateway.runner, job)
 
@@ -76,18 +70,14 @@ def messages_endpoint(gateway: Gateway) -> Callable[[Request], Awaitable[Any]]:
 
 def count_tokens_endpoint(gateway: Gateway) -> Callable[[Request], Awaitable[Any]]:
     async def handle(request: Request) -> Any:
-        try:
-            body = await read_json(request)
-            kwargs, _ = messages_args(body, count_only=True)
-        except BadRequest as err:
-            return anthropic_error_response(err)
-        backend = gateway.backend_for(body.get("model"))
-        if backend is None:
-            return anthropic_no_backend(body.get("model"))
+        got = await parse_request(gateway, request, partial(messages_args, count_only=True), anthropic=True)
+        if not isinstance(got, Parsed):
+            return got
+        (kwargs, _), backend = got.args, got.backend
         # within the key's concurrency and requests per minute (a count costs no tokens), and on
         # its record
         name, started = caller_of(request.scope).name, time.time()
-        request_id = request_id_of(request)
+        request_id = got.request_id
         admitted = await gateway.accounting.admit(name, 0, count_only=True)
         if isinstance(admitted, Refusal):
             refusal, headers = gateway.accounting.refused(admitted, name, backend.name, "count_tokens", request_id)

@@ -36,13 +36,13 @@ from ..background import OWNER_END, OWNER_LOST, ResponseRecord, read_query
 from ..gateway import Gateway
 from ..hosts.store import StoreUnavailable
 from ..hosts.workers import relay
-from ..http.error_answers import error_answer, error_response, no_backend, refusal_response, store_unavailable
+from ..http.error_answers import error_answer, error_response, refusal_response, store_unavailable
 from ..http.reader_stream import ReaderStream
-from ..http.reading import read_json, request_id_of
 from ..http.scope import caller_of
 from ..request_ids import scoped
 from ..runner import Job, JobResponse
 from ..team.limits import Refusal
+from .prologue import Parsed, parse_request
 
 __all__ = ["cancel_response", "get_response", "responses_endpoint"]
 
@@ -54,18 +54,11 @@ RESPONSE_ID = re.compile(r"^resp_(?:w(\d+)_)?[0-9a-f]{32}$")
 
 def responses_endpoint(gateway: Gateway) -> Callable[[Request], Awaitable[Any]]:
     async def handle(request: Request) -> Any:
-        try:
-            body = await read_json(request)
-            chat, stream, background = chat_body_of(body)
-            kwargs, _, _ = generation_args(chat, chat=True)
-        except BadRequest as err:
-            return error_response(err)
-        backend = gateway.backend_for(body.get("model"))
-        if backend is None:
-            return no_backend(body.get("model"))
-        model = str(body.get("model") or backend.name)
-        request_id = request_id_of(request)
-        job = Job("responses", backend, request_id, "stream" if stream or background else "generate", kwargs)
+        got = await parse_request(gateway, request, _response_args)
+        if not isinstance(got, Parsed):
+            return got
+        (kwargs, stream, background), body, model, request_id = got.args, got.body, got.model, got.request_id
+        job = Job("responses", got.backend, request_id, "stream" if stream or background else "generate", kwargs)
         job.max_tokens, job.prompt = kwargs.get("max_tokens"), kwargs
         if background:
             return await _start_background(gateway, request, job, body, model, stream)
@@ -113,6 +106,13 @@ async def _start_background(
     if stream:
         return _event_stream(gateway, record, None)
     return JSONResponse(builder.response())
+
+
+def _response_args(body: Any) -> tuple[dict[str, Any], bool, bool]:
+    """The call's arguments, whether it streams, whether it runs in the background."""
+    chat, stream, background = chat_body_of(body)
+    kwargs, _, _ = generation_args(chat, chat=True)
+    return kwargs, stream, background
 
 
 def _event_stream(gateway: Gateway, record: ResponseRecord, after: int | None) -> ReaderStream:
