@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import sniffio
 
-from .contract import Call, GenerationStream, SyncStop, stop_error, unlist
+from .contract import Call, GenerationStream, SyncStop, hand_over, stop_error
 from .stopping.loop import on_event_loop
 from .stopping.token import Step
 from .types import GenerateResult, StreamChunk
@@ -199,7 +199,7 @@ def _on_loop(coro: Coroutine[Any, Any, T], loop: asyncio.AbstractEventLoop) -> c
 def _handed_over(call: Call) -> BaseException:
     """The stop this sync caller raises; from here on the call is not listed in flight."""
     err = stop_error(call)
-    unlist(call)
+    hand_over(call)
     return err
 
 

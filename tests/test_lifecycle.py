@@ -103,7 +103,8 @@ def walks() -> Iterator[dict[str, list[str]]]:
 def _is_a_walk(moves: list[str]) -> bool:
     phase = Phase.BUILT
     for what in moves:
-        if what == "retry":
+        if what in {event.value for event in Event}:  # a move that stays: its event's name
+            assert (phase, Event(what)) in TRANSITIONS, (phase, what)
             continue
         to = Phase(what)
         if to not in {TRANSITIONS[pair] for pair in TRANSITIONS if pair[0] is phase}:
@@ -132,7 +133,8 @@ def test_real_calls_walk_the_table(walks: dict[str, list[str]]) -> None:
     assert walks["done"] == ["admitted", "prepared", "answered", "completed"]
     assert walks["preset"] == ["admitted", "released"]
     assert walks["dropped"] == ["released"]
-    assert walks["stopped"] == ["admitted", "prepared", "released"]
+    # the sync caller raises its stop from its thread (HAND_OVER) unless the loop released it first
+    assert walks["stopped"] in (["admitted", "prepared", "hand_over", "released"], ["admitted", "prepared", "released"])
     assert walks["retried"] == ["admitted", "prepared", "retry", "answered", "completed"]
     assert all(_is_a_walk(moves) for moves in walks.values()), walks
 

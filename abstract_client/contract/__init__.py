@@ -29,7 +29,7 @@ structured output and tool calls enter and leave the path (prepared after admiss
 once the answer is judged complete).
 """
 
-from .admission import release, unlist
+from .admission import hand_over, release
 from .call import Call, CallSpec, Progress
 from .embed import run_embedding
 from .retry import RetryPolicy
@@ -45,6 +45,7 @@ __all__ = [
     "RetryPolicy",
     "SyncStop",
     "cancelled",
+    "hand_over",
     "operation_spec",
     "release",
     "run_embedding",
@@ -52,5 +53,4 @@ __all__ = [
     "run_operation",
     "stop_error",
     "translate",
-    "unlist",
 ]

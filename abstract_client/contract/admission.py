@@ -19,10 +19,10 @@ import anyio
 from ..http.guard import SocketGuard
 from ..provider import HttpProvider
 from .call import Call
-from .lifecycle import FINAL, Event, Phase, acts_on
+from .lifecycle import FINAL, TRANSITIONS, Event, Phase, acts_on
 from .translate import cancelled
 
-__all__ = ["admit", "admit_now", "release", "unlist"]
+__all__ = ["admit", "admit_now", "hand_over", "release"]
 
 
 async def admit(call: Call) -> None:
@@ -58,11 +58,23 @@ def _hold(call: Call, info: Mapping[str, Any]) -> None:
         call.guard.register(token)
 
 
-def unlist(call: Call) -> None:
-    """Take the call off the in-flight list now, from any thread. A call is in flight until its
-    outcome is handed to its caller: a sync caller raises its stop itself, at once, while the
-    loop still closes up behind it (``release``); from that raise on, ``in_flight`` does not list
-    it, ``cancel_all()`` does not count it, and its request id may be used again."""
+def hand_over(call: Call) -> None:
+    """The ``HAND_OVER`` move, from any thread: a call is in flight until its outcome is handed to
+    its caller; a sync caller raises its stop itself, at once, while the loop still closes up
+    behind it (``release``). From that raise on, ``in_flight`` does not list it, ``cancel_all()``
+    does not count it, and its request id may be used again. A call released already (or never
+    admitted) has nothing to hand over."""
+    with call.moving:
+        if (call.phase, Event.HAND_OVER) in TRANSITIONS:
+            call.handle(Event.HAND_OVER)
+
+
+@acts_on(*((phase, Event.HAND_OVER) for phase in (Phase.ADMITTED, Phase.PREPARED, Phase.ANSWERED)))
+def _off_the_list(call: Call, info: Mapping[str, Any]) -> None:
+    _unlist(call)
+
+
+def _unlist(call: Call) -> None:
     call.registry.remove(call.token)
 
 
@@ -82,5 +94,5 @@ def _let_go(call: Call, info: Mapping[str, Any]) -> None:
             guard.detach()
         else:
             guard.sever()
-    unlist(call)
+    _unlist(call)
     call.token.release()

@@ -143,6 +143,7 @@ class Call:
         "gate",
         "guard",
         "kind",
+        "moving",
         "progress",
         "registry",
         "sent_request",
@@ -171,6 +172,7 @@ class Call:
         self.guard: SocketGuard | None = None  # made at admission for HTTP lanes
         self.t0 = 0.0  # perf_counter at admission
         self._phase = Phase.BUILT
+        self.moving = threading.RLock()  # one move at a time: a sync caller hands over from its thread
         # What the provider is sent: the spec's request (what the caller asked), or its rewrite
         # by ``output.prepare`` (a forced tool call on a backend without native tool calling).
         self.sent_request: GenerationRequest = spec.request
@@ -205,15 +207,16 @@ class Call:
         """Drive the call by the lifecycle table: the move's action (which may refuse it by
         raising: the phase is then unchanged), the move, then the observers (told the phase
         entered, or the event's name for a move that stays: ``"retry"``)."""
-        left = self._phase
-        to = TRANSITIONS.get((left, event))
-        if to is None:
-            raise LifecycleError(f"{self.request_id}: {event.value} in {left.value} is not a move of a call")
-        action = ACTIONS.get((left, event))
-        if action is not None:
-            action(self, info)
-        self._phase = to
-        notify(self, event.value if to is left else to.value, **{"from": left, **info})  # a retry stays
+        with self.moving:
+            left = self._phase
+            to = TRANSITIONS.get((left, event))
+            if to is None:
+                raise LifecycleError(f"{self.request_id}: {event.value} in {left.value} is not a move of a call")
+            action = ACTIONS.get((left, event))
+            if action is not None:
+                action(self, info)
+            self._phase = to
+            notify(self, event.value if to is left else to.value, **{"from": left, **info})  # a retry stays
 
     @property
     def request_id(self) -> str:

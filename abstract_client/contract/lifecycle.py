@@ -14,7 +14,11 @@ RELEASED    nothing again, without one (stopped, failed, abandoned)      ``RELEA
 ==========  ===========================================================  ========================
 
 A retry (``RETRY``, run.py) is a move that stays in its phase (ADMITTED or PREPARED): observers
-are told ``"retry"``, with the error, the attempt and the delay. The outcome is the final phase:
+are told ``"retry"``, with the error, the attempt and the delay. So is a hand-over
+(``HAND_OVER``, admission.py): a sync caller raises its stop itself, at once, from its own
+thread, while the loop still closes up behind it; from that raise on the call is off the
+in-flight list (its request id free again) though it holds the rest until ``RELEASE``. Moves
+from two threads are one at a time (the call's ``moving`` lock). The outcome is the final phase:
 COMPLETED or RELEASED. :data:`TRANSITIONS` is every move;
 :data:`ACTIONS` what a move does, registered by the module that owns it (admission takes its
 hold on ``ADMIT`` and lets go on ``RELEASE``), and run *before* the phase is entered, so a phase
@@ -63,6 +67,7 @@ class Event(enum.Enum):
     ANSWER = "answer"
     RELEASE = "release"
     RETRY = "retry"  # another attempt: the call stays where it is
+    HAND_OVER = "hand_over"  # its outcome handed to a sync caller: off the in-flight list, still held
 
 
 TRANSITIONS: Mapping[tuple[Phase, Event], Phase] = {
@@ -76,6 +81,7 @@ TRANSITIONS: Mapping[tuple[Phase, Event], Phase] = {
     (Phase.PREPARED, Event.RELEASE): Phase.RELEASED,
     (Phase.PREPARED, Event.RETRY): Phase.PREPARED,
     (Phase.ANSWERED, Event.RELEASE): Phase.COMPLETED,
+    **{(phase, Event.HAND_OVER): phase for phase in (Phase.ADMITTED, Phase.PREPARED, Phase.ANSWERED)},
 }
 FINAL = frozenset({Phase.COMPLETED, Phase.RELEASED})  # the outcomes: a call there holds nothing, for good
 
