@@ -104,11 +104,13 @@ def test_a_stopped_answer_is_billed_what_llama_server_decoded_before_it_saw_the_
     assert released is not None, llama.log_tail()
     assert record["outcome"] == "stopped" and record["reason"] == "client_disconnect"
     assert record["prompt_tokens"] > 0 and record["generated_tokens"] >= received - 2
-    # the slot's cache when the server let the task go: the prompt, then every token it decoded
+    # the slot's cache when the server let the task go: the prompt, then every token it decoded —
+    # less the last one it sampled and sent, when the stop came before that token was evaluated
+    # into the cache (it is added with the next decode): billed can be one more than cached
     decoded = int(released.group(1)) - record["prompt_tokens"]
     gap = decoded - record["generated_tokens"]
     print(f"llama-server decoded {decoded}, billed {record['generated_tokens']}, gap {gap}")
-    assert 0 <= gap <= 3, (decoded, record)
+    assert -1 <= gap <= 3, (decoded, record)
 
 
 @needs_mlx
