@@ -3,9 +3,10 @@ runs here, one way: its key's limits, its place in flight, a slot of its backend
 full queue is a 503), its answer into its sink, then its accounting.
 
 A route parses a request into a :class:`Job` — what to call (``stream``, ``generate`` or
-``embed`` and the call's arguments), and the sink its answer is written to (``sinks.py``: a
-client's frames or JSON body in the route's own shape, or a background response's kept events)
-— and hands it over; nothing here calls back into a route. :class:`JobResponse` is a job served
+``embed`` and the call's arguments), how its answer is written (a stream's frames or a whole
+body's maker, both the wire's) and its error shape — and hands it over; nothing here calls back
+into a route. The answer goes into a sink (``sinks.py``: a client's frames or JSON body;
+``background.KeptEvents``: a background response's events). :class:`JobResponse` is a job served
 to the client that sent it: watched for its departure (its stop), answered even if it left
 before the answer began.
 """
