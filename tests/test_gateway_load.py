@@ -76,7 +76,8 @@ def test_frames_written_without_a_yield_go_out_in_one_send() -> None:
     async def main() -> int:
         frames = ChatFrames("r1", "m", chat=True, include_usage=False)
         job = Job("chat", backend, "r1", "stream", {}, frames=frames)  # type: ignore[arg-type]
-        runner = Runner(SimpleNamespace(metrics=Metrics()))  # type: ignore[arg-type]
+        accounting = SimpleNamespace(account=lambda *args: None)
+        runner = Runner(SimpleNamespace(metrics=Metrics(), accounting=accounting))  # type: ignore[arg-type]
         return await runner._answer(flight, job, ClientStream(send, flight, frames))
 
     assert anyio.run(main) == 200

@@ -102,3 +102,44 @@ def test_nothing_but_the_flight_writes_a_flight() -> None:
         for line, what in _flight_writes(ast.parse(path.read_text()))
     ]
     assert found == []
+
+
+def test_an_answer_is_on_its_keys_record_before_its_client_can_see_its_end(tmp_path: Path) -> None:
+    """The record of an answered request is written (to the usage journal, at once) before the
+    answer's last bytes go to its client: a gateway killed the moment after loses none
+    (tests/test_gateway_team_defects.py kills one; this is the order that makes it hold)."""
+    from abstract_client.gateway.team.keys import ANONYMOUS
+    from abstract_client.testing import FakeOpenAIServer
+
+    accounted_at_the_end: list[bool] = []
+
+    class Watching(ClientWhole):
+        async def end(self, result: Any) -> int:
+            accounted_at_the_end.append(self.flight.accounted)
+            return await super().end(result)
+
+    async def send(message: Any) -> None:
+        return None
+
+    with FakeOpenAIServer(token_delay=0.0) as upstream:
+        path = tmp_path / "gateway.toml"
+        path.write_text(
+            f'[server]\ndata_dir = "{tmp_path / "data"}"\n[[backend]]\nname = "m"\n'
+            f'provider = "openai-compatible"\nmodel = "fake-model"\nbase_url = "{upstream.base_url}"\n'
+        )
+        gateway = create_app(load_config(path)).state.gateway
+
+        async def main() -> int:
+            messages = [{"role": "user", "content": "hi"}]
+            job = Job("chat", gateway.backends["m"], "r1", "generate", {"messages": messages, "max_tokens": 2})
+            admitted = await gateway.runner.admit(job, ANONYMOUS)
+            flight = gateway.runner.flight(job, ANONYMOUS, admitted, None, "r1")
+            status = await gateway.runner.run(flight, job, Watching(send, flight, lambda result: {"ok": True}))
+            assert flight.error is None, flight.error
+            return status
+
+        try:
+            assert asyncio.run(main()) == 200
+        finally:
+            gateway.accounting.close()
+    assert accounted_at_the_end == [True]

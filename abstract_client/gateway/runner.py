@@ -176,6 +176,9 @@ class Runner:
                 else:
                     result = await llm.aembed(**job.kwargs, signal=signal, request_id=call_id)
                     flight.embedded(result.usage)
+                # on its key's record before its client can see the end: a gateway killed the
+                # moment after loses no answered request's record (accounted once: ``run``)
+                self.gateway.accounting.account(flight, job.endpoint, 200)
                 return await sink.end(result)
             except GenerationCancelledError as err:
                 self.gateway.stop_recorded(flight, err)
