@@ -115,21 +115,32 @@ class OneLength(_Http):
         await self.app(scope, receive, send)
 
 
-class BrowserGuard(_Http):
-    """Before the key and before the body: a page on this machine is refused whatever it sends
-    (``browsers.BrowserPolicy.refusal``)."""
+class _Judged(_Http):
+    """A middleware that refuses what its judgement of a request's method and headers refuses
+    (``browsers.BrowserPolicy``), in the route's shape."""
 
     def __init__(self, app: ASGIApp, policy: BrowserPolicy) -> None:
         super().__init__(app)
         self.policy = policy
 
+    def judge(self, method: str, headers: dict[bytes, bytes]) -> tuple[int, str, str] | None:
+        raise NotImplementedError
+
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
-        refused = self.policy.refusal(scope.get("method", "GET"), _headers(scope))
+        refused = self.judge(scope.get("method", "GET"), _headers(scope))
         if refused is not None:
             status, why, code = refused
             await refuse(scope, send, status, why, "invalid_request_error", code)
             return
         await self.app(scope, receive, send)
+
+
+class BrowserGuard(_Judged):
+    """Before the key and before the body: a page on this machine is refused whatever it sends
+    (``browsers.BrowserPolicy.refusal``)."""
+
+    def judge(self, method: str, headers: dict[bytes, bytes]) -> tuple[int, str, str] | None:
+        return self.policy.refusal(method, headers)
 
 
 class Keys(_Http):
@@ -198,21 +209,12 @@ class Keys(_Http):
         await self.app(scope, receive, send)
 
 
-class MediaTypes(_Http):
+class MediaTypes(_Judged):
     """After the key: a caller without one learns nothing of what a route accepts
     (``browsers.BrowserPolicy.media_refusal``)."""
 
-    def __init__(self, app: ASGIApp, policy: BrowserPolicy) -> None:
-        super().__init__(app)
-        self.policy = policy
-
-    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
-        refused = self.policy.media_refusal(scope.get("method", "GET"), _headers(scope))
-        if refused is not None:
-            status, why, code = refused
-            await refuse(scope, send, status, why, "invalid_request_error", code)
-            return
-        await self.app(scope, receive, send)
+    def judge(self, method: str, headers: dict[bytes, bytes]) -> tuple[int, str, str] | None:
+        return self.policy.media_refusal(method, headers)
 
 
 class BodyLimit(_Http):

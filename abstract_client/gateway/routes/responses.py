@@ -85,8 +85,7 @@ async def _start_background(
     name = caller.name
     admitted = await runner.admit(job, name)  # before the 200
     if isinstance(admitted, Refusal):
-        refusal, headers = gateway.accounting.refused(admitted, name, backend.name, "responses", job.request_id)
-        return refusal_response(admitted.status, refusal, headers)
+        return refusal_response(*runner.refused(job, name, admitted))
     if not store.room():
         admitted.settle(0)
         message = f"this gateway holds {gateway.config.max_background} background responses (max_background)"
