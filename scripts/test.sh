@@ -36,7 +36,7 @@ print_phases() {
 }
 trap 'print_phases; rm -rf "$usage_dir"' EXIT
 
-echo ">> installing torch (the CPU build), then abstract-client with the dev, mlx, vlm, transformers and cli extras"
+echo ">> installing torch (the CPU build), then abstract-client with the dev, mlx, vlm, transformers, cli and chart extras"
 log="$(mktemp)"
 # The CPU build, never a CUDA one: the wheel this machine kind keeps on disk (pip's find-links),
 # else PyTorch's CPU index. A bare `torch` requirement would pull a CUDA build of several GB.
@@ -45,7 +45,7 @@ if ! python3 -m pip install -q "torch==2.13.0+cpu" >"$log" 2>&1 \
   cat "$log" >&2
   exit 1
 fi
-if ! python3 -m pip install -q -e '.[dev,mlx,vlm,transformers,cli]' >"$log" 2>&1; then
+if ! python3 -m pip install -q -e '.[dev,mlx,vlm,transformers,cli,chart]' >"$log" 2>&1; then
   cat "$log" >&2
   exit 1
 fi

@@ -4,6 +4,7 @@
     abstract-client generate --provider ollama --model llama3.2 "Why is the sky blue?"
     abstract-client models|load|unload --provider ...
     abstract-client bench cancel [--lanes fake,llamacpp,vllm,mlx,transformers,gguf] [--json]
+    abstract-client bench stop [--servers ...] [--clients ...] [--out DIR] [--json]   # the peers
     abstract-client demo                      # the README's main job (MLX + SmolLM2)
     abstract-client prepare smollm2|llama-server|llama-cpp-python|vllm
 
@@ -337,6 +338,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return run_lane_table(args.lanes, n=args.n, as_json=args.json)
 
 
+def cmd_bench_stop(args: argparse.Namespace) -> int:
+    from .stop_bench.main import run
+
+    return run(
+        servers=args.servers,
+        clients=args.clients,
+        trials=args.n,
+        out=args.out,
+        as_json=args.json,
+        cost=not args.no_cost,
+        refresh=args.refresh,
+    )
+
+
 def _guard(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         try:
@@ -583,6 +598,27 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("-n", type=int, default=10, help="stops per case")
     b.add_argument("--json", action="store_true")
     b.set_defaults(fn=cmd_bench)
+    b = bench.add_parser(
+        "stop",
+        help="what a Stop does with the clients people use, and with this library under them",
+    )
+    b.add_argument(
+        "--servers",
+        default="llamacpp,vllm,ollama,lmstudio,litellm-proxy,serve",
+        help="llamacpp, vllm (real); ollama, lmstudio (fakes); litellm-proxy, serve (llama-server behind each)",
+    )
+    b.add_argument(
+        "--clients",
+        default="all",
+        help="all, or some of: openai_python, anthropic_sdk, litellm_sdk, langchain, pydantic_ai, llamaindex, "
+        "ollama_python, abstractcore, this_library",
+    )
+    b.add_argument("-n", type=int, default=3, help="stops per row (a client that cannot stop is measured once)")
+    b.add_argument("--out", default=None, help="a directory for stop-bench.json, stop-bench.md and stop-bench.png")
+    b.add_argument("--json", action="store_true", help="the rows as JSON on stdout")
+    b.add_argument("--no-cost", action="store_true", help="leave out the cost side (chunks/s, p50 of a short call)")
+    b.add_argument("--refresh", action="store_true", help="make the peers' venvs again, at the index's newest versions")
+    b.set_defaults(fn=cmd_bench_stop)
 
     p = sub.add_parser("demo", help="the main job: SmolLM2 on MLX answers, then a long answer is stopped")
     p.set_defaults(fn=_guard(cmd_demo))

@@ -1,0 +1,72 @@
+"""The peers' venvs: made once per Python version under the cache, at the versions the package
+index has the day they are made (``--refresh`` makes them again), never the project's extras.
+LlamaIndex pins openai-python 2.x, so it has a venv of its own. A peer that pip cannot install
+is reported with pip's words, never faked."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+GROUPS = {
+    "peers": (
+        "openai",
+        "anthropic",
+        "litellm",
+        "langchain-openai",
+        "pydantic-ai-slim[openai]",
+        "ollama",
+        "abstractcore",
+    ),
+    "openai-2": ("llama-index-llms-openai-like",),
+    "litellm-proxy": ("litellm[proxy]",),  # a server: its own venv, so the SDK's row keeps the newest
+}
+
+
+def core_requirements() -> list[str]:
+    """This library's own dependencies (its extras left out): its rows import it from the tree."""
+    required = importlib.metadata.requires("abstract-client") or []
+    return [r.split(";")[0].strip() for r in required if "extra ==" not in r]
+
+
+def venv_path(group: str) -> Path:
+    spec = " ".join((*GROUPS[group], *core_requirements()))
+    key = hashlib.sha256(spec.encode()).hexdigest()[:10]
+    version = f"py{sys.version_info.major}.{sys.version_info.minor}"
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "abstract-client"
+    return cache / f"stop-bench-{group}-{version}-{key}"
+
+
+def python_for(group: str, refresh: bool = False) -> Path:
+    """The venv's interpreter; RuntimeError with pip's words if the group cannot be installed."""
+    venv = venv_path(group)
+    python = venv / "bin" / "python"
+    if refresh and venv.exists():
+        shutil.rmtree(venv)
+    if (venv / ".complete").exists():
+        return python
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True, capture_output=True)
+    done = subprocess.run(
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            *GROUPS[group],
+            *core_requirements(),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode:
+        words = [line for line in done.stderr.splitlines() if not line.startswith("WARNING: Location")]
+        raise RuntimeError(f"pip could not install {' '.join(GROUPS[group])}: {' '.join(words)[-600:]}")
+    (venv / ".complete").touch()
+    return python
