@@ -34,7 +34,7 @@ PEERS = {  # driver module: (the name users know, its venv)
     "pydantic_ai": ("pydantic-ai", "peers"),
     "llamaindex": ("LlamaIndex", "openai-2"),
     "ollama_python": ("ollama-python", "peers"),
-    "abstractcore": ("AbstractCore", "peers"),
+    "abstractcore": ("AbstractCore", "abstractcore"),
     "this_library": ("abstract-client", "peers"),
 }
 # (stage, streamed?, style): the stop pressed while the answer is decoded, from a thread or in

@@ -1,6 +1,6 @@
 """The peers' venvs: made once per Python version under the cache, at the versions the package
 index has the day they are made (``--refresh`` makes them again), never the project's extras.
-LlamaIndex pins openai-python 2.x, so it has a venv of its own. A peer that pip cannot install
+LlamaIndex and AbstractCore pin openai-python 2.x, so each has a venv of its own. A peer that pip cannot install
 is reported with pip's words, never faked."""
 
 from __future__ import annotations
@@ -21,8 +21,10 @@ GROUPS = {
         "langchain-openai",
         "pydantic-ai-slim[openai]",
         "ollama",
-        "abstractcore",
     ),
+    # AbstractCore 2.30 pins openai-python 2.x and anthropic 0.x: beside the others pip would
+    # take an old AbstractCore (2.18), so it has a venv of its own, at its newest
+    "abstractcore": ("abstractcore",),
     "openai-2": ("llama-index-llms-openai-like",),
     "litellm-proxy": ("litellm[proxy]",),  # a server: its own venv, so the SDK's row keeps the newest
 }
