@@ -76,7 +76,8 @@ class Press:
         threading.Thread(target=press, daemon=True).start()
 
     def flag(self, how: str = "break") -> threading.Event:
-        """A Stop button the caller's own loop reads (a ``break`` on a stream)."""
+        """A Stop button that sets an event: one the caller's own loop reads (a ``break`` on a
+        stream), or one a client is given (``cancel_event=``, ``sdk.stop_on``)."""
         stop = threading.Event()
         self.arm(how, stop.set)
         return stop
@@ -171,9 +172,7 @@ def under_stop_on(ask: Callable[[Press], Any]) -> Call:
     from abstract_client import sdk
 
     def call(p: Press) -> Any:
-        stop = threading.Event()
-        p.arm("sdk.stop_on(event)", stop.set)
-        with sdk.stop_on(stop):
+        with sdk.stop_on(p.flag("sdk.stop_on(event)")):
             return ask(p)
 
     return call
@@ -181,7 +180,6 @@ def under_stop_on(ask: Callable[[Press], Any]) -> Call:
 
 def outcome(run: Callable[[], Any], press: Press) -> dict[str, Any]:
     """Run a driver's call; what its caller saw."""
-    started = time.perf_counter()
     caught: BaseException | None = None
     result: Any = None
     try:
@@ -195,13 +193,10 @@ def outcome(run: Callable[[], Any], press: Press) -> dict[str, Any]:
         kept = result if isinstance(result, str) else "".join(press.text)
     name = "" if caught is None else type(caught).__module__.split(".")[0] + "." + type(caught).__name__
     return {
-        "started": started,
         "pressed": press.pressed,
         "released": released,
         "how": press.how,
         "caught": name,
-        "message": "" if caught is None else str(caught)[:160],
         "typed": caught is not None and "Cancel" in type(caught).__name__,
         "partial_chars": len(kept) if isinstance(kept, str) else 0,
-        "received_chars": len("".join(press.text)),
     }

@@ -17,10 +17,11 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from .kit import Trial
 from .servers import SERVERS, Server
 from .venvs import python_for
 
@@ -105,20 +106,19 @@ def note(server: str, client: str, text: str, version: str = "") -> Row:
 
 def trial_once(driver: Driver, server: Server, way: str, mode: tuple[str, bool, str]) -> dict[str, Any]:
     stage, streamed, style = mode
-    prompt = server.stage(stage)
     cue = Path(tempfile.gettempdir()) / f"stop-bench-{os.getpid()}-{time.perf_counter_ns()}"
-    trial = {
-        "server": server.lane,
-        "url": server.url,
-        "model": server.model,
-        "prompt": prompt,
-        "max_tokens": MAX_TOKENS,
-        "stream": streamed,
-        "style": style,
-        "cue": str(cue),
-        "extra": server.extra,
-        "api_key": server.api_key,
-    }
+    trial = Trial(
+        server=server.lane,
+        url=server.url,
+        model=server.model,
+        prompt=server.stage(stage),
+        max_tokens=MAX_TOKENS,
+        stream=streamed,
+        style=style,
+        cue=str(cue),
+        extra=server.extra,
+        api_key=server.api_key,
+    )
     watch = server.watch()
     answered = threading.Event()
 
@@ -132,7 +132,7 @@ def trial_once(driver: Driver, server: Server, way: str, mode: tuple[str, bool, 
 
     threading.Thread(target=cue_when_ready, daemon=True).start()
     try:
-        seen = driver.ask("stop", way=way, trial=trial)
+        seen = driver.ask("stop", way=way, trial=asdict(trial))
     finally:
         answered.set()
         cue.unlink(missing_ok=True)
@@ -262,26 +262,26 @@ def cost_rows(drivers: dict[str, Driver], about: dict[str, dict[str, Any]], say:
     rows: list[Row] = []
     with SubprocessFake("lmstudio", token_delay=0.0) as lmstudio, SubprocessFake("ollama", token_delay=0.0) as ollama:
         floor = Driver("plain_http", python_for("peers"))
+        floor_info = {"servers": ["lmstudio"], "ways": ["own"], "version": "stdlib"}
         try:
-            for peer, driver in [("plain_http", floor), *drivers.items()]:
-                info = about.get(peer, {"servers": ["lmstudio"], "ways": ["own"], "version": ""})
-                if peer == "plain_http":
-                    info = {"servers": ["lmstudio"], "ways": ["own"], "version": "stdlib"}
+            for peer, driver, info in [
+                ("plain_http", floor, floor_info),
+                *((p, d, about[p]) for p, d in drivers.items()),
+            ]:
                 fake = ollama if info["servers"] == ["ollama"] else lmstudio  # a /v1 client: LM Studio's
                 lane = "lmstudio" if fake is lmstudio else "ollama"
+                trial = Trial(
+                    server=lane,
+                    url=fake.url,
+                    model="fake-model",
+                    prompt="hi",
+                    max_tokens=2000,
+                    stream=True,
+                    style="thread",
+                    cue=None,  # never pressed
+                )
                 for way in info["ways"]:
-                    trial = {
-                        "server": lane,
-                        "url": fake.url,
-                        "model": "fake-model",
-                        "prompt": "hi",
-                        "max_tokens": 2000,
-                        "stream": True,
-                        "style": "thread",
-                        "cue": None,
-                        "extra": {},
-                    }
-                    got = driver.ask("cost", way=way, trial=trial, calls=20)
+                    got = driver.ask("cost", way=way, trial=asdict(trial), calls=20)
                     client = "http.client (the floor)" if peer == "plain_http" else PEERS[peer][0]
                     row = {
                         "kind": "cost",

@@ -209,20 +209,20 @@ class Poller:
 class LogTail:
     """The lines a server's log gained since the last read (cheap enough to read every 2 ms)."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, path: Path, line: re.Pattern[str]) -> None:
+        self.path, self.line = path, line
         self.offset = path.stat().st_size if path.exists() else 0
-        self.cancels = 0
+        self.seen = 0
 
     def read(self) -> int:
-        """How many ``cancel task`` lines the log has gained since the watch began."""
+        """How many ``line``s the log has gained since the watch began."""
         with open(self.path, "rb") as log:
             log.seek(self.offset)
             new = log.read()
         cut = new.rfind(b"\n") + 1  # whole lines only
         self.offset += cut
-        self.cancels += len(re.findall(rb"cancel task, id_task", new[:cut]))
-        return self.cancels
+        self.seen += len(self.line.findall(new[:cut].decode(errors="replace")))
+        return self.seen
 
 
 class LlamaWatch(Watch):
@@ -232,7 +232,7 @@ class LlamaWatch(Watch):
         self.cancels, self.launches = len(server.CANCEL.findall(log)), len(LAUNCHED.findall(log))
         self.released = len(RELEASED.findall(log))
         self.poller = Poller(server.processing_decoded, 0.005)  # None: idle; else tokens decoded
-        self.log = Poller(LogTail(server.log_path).read, 0.002)
+        self.log = Poller(LogTail(server.log_path, server.CANCEL).read, 0.002)
 
     def ready(self, stage: str, began: float) -> bool:
         samples = self.poller.samples

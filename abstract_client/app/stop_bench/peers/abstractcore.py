@@ -5,7 +5,6 @@ the Stop thread. It takes no HTTP client: no row with this library under it."""
 from __future__ import annotations
 
 import asyncio
-import threading
 from typing import Any
 
 from abstractcore import create_llm
@@ -29,8 +28,7 @@ def own(t: Trial) -> Call:
         return "".join(p.text)
 
     def call(p: Press) -> str:
-        stop = threading.Event()
-        p.arm("cancel_event.set()", stop.set)
+        stop = p.flag("cancel_event.set()")
         kw = {"max_output_tokens": t.max_tokens, "stream": t.stream, "cancel_event": stop, **t.extra}
         if t.style == "task":
             return asyncio.run(aask(p, kw))

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import threading
-
 from abstract_client import create_llm
 
 from ..kit import Call, Press, Trial, in_asyncio
@@ -30,8 +28,7 @@ def own(t: Trial) -> Call:
     llm = create_llm(t.server, t.model, base_url=base_url, api_key=t.api_key)
 
     def call(p: Press) -> str:
-        stop = threading.Event()
-        p.arm("cancel_event.set()", stop.set)
+        stop = p.flag("cancel_event.set()")
         if not t.stream:
             return llm.generate(t.prompt, cancel_event=stop, **kw).content
         for chunk in llm.stream(t.prompt, cancel_event=stop, **kw):
