@@ -30,6 +30,7 @@ from langchain_openai import ChatOpenAI
 from abstract_client import AbortController, AbortSignal, GenerationCancelledError, sdk
 from abstract_client.sdk.exchange import Exchange
 from abstract_client.stopping.event_hook import listeners_on
+from abstract_client.stopping.token import StopToken
 from abstract_client.testing import FakeOllamaServer, FakeOpenAIServer
 
 from .helpers import press_when
@@ -410,6 +411,38 @@ async def test_async_openai_stops_by_signal_and_by_a_cancelled_task(
         await client.chat.completions.create(model="fake-model", messages=CHAT)  # type: ignore[arg-type]
     assert_stopped_server_side(server, time.perf_counter())
     assert sent(server) == 2
+    await client.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_an_async_blocks_stop_keeps_the_text_when_its_cancel_outruns_the_stop_thread(
+    server: FakeOpenAIServer, anyio_backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Stop thread tells the block's scope (a cancel, run on the loop) before it tells the
+    request; a loaded machine can run the loop's cancel first. Here the Stop thread is held
+    2 s between the two, every time: the request still ends as its own error, text kept."""
+    stop_request = StopToken.stop
+    loop_thread = threading.current_thread()
+
+    def held(token: StopToken, *args: Any, **kwargs: Any) -> bool:
+        if threading.current_thread() is not loop_thread:
+            time.sleep(2.0)  # the Stop thread, preempted
+        return stop_request(token, *args, **kwargs)
+
+    monkeypatch.setattr(StopToken, "stop", held)
+    client = openai.AsyncOpenAI(base_url=server.base_url, api_key="k", http_client=sdk.async_http_client())
+    stop = threading.Event()
+    press = press_when(after_read(server, 5), stop.set)
+    with pytest.raises(GenerationCancelledError) as info:
+        async with sdk.stop_on(stop):
+            stream = await client.chat.completions.create(model="fake-model", messages=CHAT, stream=True)  # type: ignore[arg-type]
+            async for _ in stream:
+                pass
+    assert time.perf_counter() - press.wait() < 1.5  # the loop's cancel, not the held thread
+    assert "tok4" in info.value.partial_text and info.value.reason == "user"
+    assert_stopped_server_side(server, press.wait())
+    assert sent(server) == 1
     await client.close()
 
 

@@ -143,6 +143,20 @@ class Binding:
         """The innermost block's id: the request's name."""
         return self.request_ids[-1] if self.request_ids else None
 
+    def stopped(self) -> tuple[StopReason, object] | None:
+        """``(reason, signal_reason)`` if a source has stopped already (a latch set, an event
+        set, a signal aborted), else None."""
+        for latch in reversed(self.latches):
+            if latch.stop is not None:
+                return latch.stop
+        for event in self.events:
+            if event.is_set():
+                return "user", None
+        for signal in self.signals:
+            if signal.aborted:
+                return reason_from_signal(signal.reason), signal.reason
+        return None
+
     def watch(self, fire: Fire) -> Callable[[], None]:
         """Call ``fire(reason, signal_reason, when)`` when any source stops (an event set, a
         signal aborted, a block's latch set: ``cancel(id)``, or another request of the block

@@ -103,6 +103,7 @@ class Exchange:
         self._fold: Fold | None = None  # a plain call carried over its stream (``carried``)
         self._text: list[str] = []
         self._unbinds: list[Callable[[], None]] = []
+        self._binding = binding
         latches = self._latches = binding.latches
 
         def remember() -> None:  # the caller's stop (not a consumer leaving): the blocks' error
@@ -137,6 +138,9 @@ class Exchange:
             except Exception:
                 if self.token.is_set:
                     raise self.stop_error() from None
+                raise
+            except BaseException:
+                self._caught_up()
                 raise
             finally:
                 current_guard.reset(reset)
@@ -188,6 +192,9 @@ class Exchange:
             if self.token.is_set:
                 raise self.stop_error() from None
             raise
+        except BaseException:
+            self._caught_up()
+            raise
         if self.token.is_set and self.token.stopped_by_caller:
             raise self.stop_error()  # the sever's EOF ended a body that runs to the close
 
@@ -232,6 +239,15 @@ class Exchange:
         return httpx.Response(status, headers=headers, extensions=response.extensions), folded
 
     # -- what a stop hands the caller ---------------------------------------------------------
+
+    def _caught_up(self) -> None:
+        """The request cancelled (a ``BaseException``): if a source of its blocks has stopped,
+        the cancel is that stop's — an async block's scope, cancelled on the loop before the
+        stop's own thread reached this request — so the request is stopped here and now, and
+        the block's edge raises its error with the text so far, not one made without it."""
+        stop = None if self.token.is_set else self._binding.stopped()
+        if stop is not None:
+            self.token.stop(stop[0], signal_reason=stop[1])
 
     def stop_error(self) -> GenerationCancelledError:
         token = self.token
