@@ -7,17 +7,16 @@ caller saw: released at once, one request, the server saw the disconnect, the ty
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import site
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from abstract_client.app.stop_bench.venvs import cached, venv_python
 
 from .test_docs_code import ROOT, blocks_run_elsewhere
 
@@ -29,34 +28,12 @@ OPENAI_2 = ("openai>=2.50,<3", "llama-index-llms-openai-like>=0.8,<1", "instruct
 
 def old_openai_python() -> Path:
     """A venv with openai-python 2.x (what LlamaIndex pins) and the frameworks on it, in front of
-    this interpreter's packages (a ``.pth`` names them), made once per Python version under the
-    cache; a failure to make it fails the test with pip's words."""
-    spec = hashlib.sha256(" ".join(OPENAI_2).encode()).hexdigest()[:10]
-    version = f"py{sys.version_info.major}.{sys.version_info.minor}"
-    cache = (
-        Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-        / "abstract-client"
-        / f"openai-2-{version}-{spec}"
-    )
-    python = cache / "bin" / "python"
-    if not (cache / ".complete").exists():
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(cache)], check=True)
-        purelib = subprocess.run(
-            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        (Path(purelib) / "parent-environment.pth").write_text("\n".join(site.getsitepackages()) + "\n")
-        done = subprocess.run(
-            [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *OPENAI_2],
-            capture_output=True,
-            text=True,
-        )
-        if done.returncode:
-            pytest.fail(f"pip could not install {OPENAI_2}: {done.stderr[-2000:]}")
-        (cache / ".complete").touch()
-    return python
+    this interpreter's packages, made once per Python version under the cache (the stop bench's
+    venv maker); a failure to make it fails the test with pip's words."""
+    try:
+        return venv_python(cached("openai-2", OPENAI_2), OPENAI_2, inherit=True)
+    except RuntimeError as error:
+        pytest.fail(str(error))
 
 
 def run_in_old_openai_python(script: str, stdin: str = "") -> dict[str, Any]:

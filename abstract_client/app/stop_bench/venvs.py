@@ -9,6 +9,7 @@ import hashlib
 import importlib.metadata
 import os
 import shutil
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -36,39 +37,55 @@ def core_requirements() -> list[str]:
     return [r.split(";")[0].strip() for r in required if "extra ==" not in r]
 
 
-def venv_path(group: str) -> Path:
-    spec = " ".join((*GROUPS[group], *core_requirements()))
-    key = hashlib.sha256(spec.encode()).hexdigest()[:10]
+def cached(name: str, requirements: tuple[str, ...] | list[str]) -> Path:
+    """Where a venv named ``name`` with ``requirements`` lives: under the cache, per Python
+    version, keyed by what it holds (a change of requirements makes a new one)."""
+    key = hashlib.sha256(" ".join(requirements).encode()).hexdigest()[:10]
     version = f"py{sys.version_info.major}.{sys.version_info.minor}"
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "abstract-client"
-    return cache / f"stop-bench-{group}-{version}-{key}"
+    return cache / f"{name}-{version}-{key}"
 
 
-def python_for(group: str, refresh: bool = False) -> Path:
-    """The venv's interpreter; RuntimeError with pip's words if the group cannot be installed."""
-    venv = venv_path(group)
+def venv_python(
+    venv: Path, requirements: tuple[str, ...] | list[str], *, refresh: bool = False, inherit: bool = False
+) -> Path:
+    """The interpreter of the venv at ``venv`` with ``requirements`` installed, made once (marked
+    complete only when pip succeeded); ``inherit``: this interpreter's packages stand behind its
+    own (a ``.pth`` names them). RuntimeError with pip's words if they cannot be installed."""
     python = venv / "bin" / "python"
     if refresh and venv.exists():
         shutil.rmtree(venv)
     if (venv / ".complete").exists():
         return python
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True, capture_output=True)
+    if inherit:
+        purelib = subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        (Path(purelib) / "parent-environment.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     done = subprocess.run(
-        [
-            str(python),
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--disable-pip-version-check",
-            *GROUPS[group],
-            *core_requirements(),
-        ],
+        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *requirements],
         capture_output=True,
         text=True,
     )
     if done.returncode:
         words = [line for line in done.stderr.splitlines() if not line.startswith("WARNING: Location")]
-        raise RuntimeError(f"pip could not install {' '.join(GROUPS[group])}: {' '.join(words)[-600:]}")
+        raise RuntimeError(f"pip could not install {' '.join(requirements)}: {' '.join(words)[-1000:]}")
     (venv / ".complete").touch()
     return python
+
+
+def requirements_of(group: str) -> list[str]:
+    return [*GROUPS[group], *core_requirements()]
+
+
+def venv_path(group: str) -> Path:
+    return cached(f"stop-bench-{group}", requirements_of(group))
+
+
+def python_for(group: str, refresh: bool = False) -> Path:
+    """The group's venv's interpreter; RuntimeError with pip's words if it cannot be installed."""
+    return venv_python(venv_path(group), requirements_of(group), refresh=refresh)
