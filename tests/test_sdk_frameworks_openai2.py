@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from abstract_client.app.stop_bench.venvs import cached, venv_python
+from abstract_client.app.stop_bench.venvs import venv_python
 
 from .test_docs_code import ROOT, blocks_run_elsewhere
 
@@ -31,7 +31,7 @@ def old_openai_python() -> Path:
     this interpreter's packages, made once per Python version under the cache (the stop bench's
     venv maker); a failure to make it fails the test with pip's words."""
     try:
-        return venv_python(cached("openai-2", OPENAI_2), OPENAI_2, inherit=True)
+        return venv_python("openai-2", OPENAI_2, inherit=True)
     except RuntimeError as error:
         pytest.fail(str(error))
 

@@ -37,21 +37,18 @@ def core_requirements() -> list[str]:
     return [r.split(";")[0].strip() for r in required if "extra ==" not in r]
 
 
-def cached(name: str, requirements: tuple[str, ...] | list[str]) -> Path:
-    """Where a venv named ``name`` with ``requirements`` lives: under the cache, per Python
-    version, keyed by what it holds (a change of requirements makes a new one)."""
+def venv_python(
+    name: str, requirements: tuple[str, ...] | list[str], *, refresh: bool = False, inherit: bool = False
+) -> Path:
+    """The interpreter of the venv ``name`` with ``requirements`` installed: under the cache, per
+    Python version, keyed by what it holds (a change of requirements makes a new one), made once
+    (marked complete only when pip succeeded); ``inherit``: this interpreter's packages stand
+    behind its own (a ``.pth`` names them). RuntimeError with pip's words if they cannot be
+    installed."""
     key = hashlib.sha256(" ".join(requirements).encode()).hexdigest()[:10]
     version = f"py{sys.version_info.major}.{sys.version_info.minor}"
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "abstract-client"
-    return cache / f"{name}-{version}-{key}"
-
-
-def venv_python(
-    venv: Path, requirements: tuple[str, ...] | list[str], *, refresh: bool = False, inherit: bool = False
-) -> Path:
-    """The interpreter of the venv at ``venv`` with ``requirements`` installed, made once (marked
-    complete only when pip succeeded); ``inherit``: this interpreter's packages stand behind its
-    own (a ``.pth`` names them). RuntimeError with pip's words if they cannot be installed."""
+    venv = cache / f"{name}-{version}-{key}"
     python = venv / "bin" / "python"
     if refresh and venv.exists():
         shutil.rmtree(venv)
@@ -78,14 +75,6 @@ def venv_python(
     return python
 
 
-def requirements_of(group: str) -> list[str]:
-    return [*GROUPS[group], *core_requirements()]
-
-
-def venv_path(group: str) -> Path:
-    return cached(f"stop-bench-{group}", requirements_of(group))
-
-
 def python_for(group: str, refresh: bool = False) -> Path:
     """The group's venv's interpreter; RuntimeError with pip's words if it cannot be installed."""
-    return venv_python(venv_path(group), requirements_of(group), refresh=refresh)
+    return venv_python(f"stop-bench-{group}", [*GROUPS[group], *core_requirements()], refresh=refresh)

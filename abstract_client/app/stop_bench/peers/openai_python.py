@@ -14,11 +14,14 @@ PACKAGES = ("openai",)
 SERVERS = ("llamacpp", "vllm", "lmstudio", "openai-compatible")
 
 
+def _kw(t: Trial) -> dict[str, Any]:
+    return {"model": t.model, "messages": t.messages, "max_tokens": t.max_tokens, "extra_body": t.extra}
+
+
 def ask(client: Any, t: Trial, p: Press, closer: Closer | None = None) -> str:
-    kw: dict[str, Any] = {"model": t.model, "messages": t.messages, "max_tokens": t.max_tokens, "extra_body": t.extra}
     if not t.stream:
-        return str(client.chat.completions.create(**kw).choices[0].message.content)
-    stream = client.chat.completions.create(**kw, stream=True)
+        return str(client.chat.completions.create(**_kw(t)).choices[0].message.content)
+    stream = client.chat.completions.create(**_kw(t), stream=True)
     with closer.hold(stream) if closer else stream:
         for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content:
@@ -27,10 +30,9 @@ def ask(client: Any, t: Trial, p: Press, closer: Closer | None = None) -> str:
 
 
 async def aask(client: Any, t: Trial, p: Press) -> str:
-    kw: dict[str, Any] = {"model": t.model, "messages": t.messages, "max_tokens": t.max_tokens, "extra_body": t.extra}
     if not t.stream:
-        return str((await client.chat.completions.create(**kw)).choices[0].message.content)
-    async for chunk in await client.chat.completions.create(**kw, stream=True):
+        return str((await client.chat.completions.create(**_kw(t))).choices[0].message.content)
+    async for chunk in await client.chat.completions.create(**_kw(t), stream=True):
         if chunk.choices and chunk.choices[0].delta.content:
             p.text.append(chunk.choices[0].delta.content)
     return "".join(p.text)
